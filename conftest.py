@@ -1,0 +1,96 @@
+"""Fixtures shared by every test folder: free loopback ports, a store server, the real stack.
+
+The stack fixture starts the real Kafka broker (KRaft) and the store once per test session, in
+a temporary state folder on free ports, so tests never touch a stack a developer has running.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cgloop.config import Settings, find_project_root
+
+ROOT = find_project_root(Path(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cgloop_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cgloop.cli.main", *args]
+
+
+@pytest.fixture
+def run_cgloop(tmp_path: Path):
+    """Run the cgloop CLI in a subprocess with a private state folder; returns CompletedProcess."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+        full_env = {**os.environ, "CGLOOP_STATE_DIR": str(tmp_path / "state"), **(env or {})}
+        return subprocess.run(cgloop_cmd(*args), capture_output=True, text=True, env=full_env, timeout=timeout)
+
+    return run
+
+
+class StoreServer:
+    def __init__(self, path: Path, port: int) -> None:
+        self.path, self.port = path, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port)),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"store server exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/ping", timeout=1).text == "Ok.\n":
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("store server did not start within 60 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServer]:
+    server = StoreServer(tmp_path_factory.mktemp("store") / "data", free_port())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """The real embedded stack (Kafka + store), up for the whole session."""
+    from cgloop.stack.stack import Stack
+
+    settings = Settings(
+        state_dir=tmp_path_factory.mktemp("stack"),
+        cache_dir=(ROOT / ".cache") if ROOT else Settings().cache_dir,
+        kafka_port=free_port(), kafka_controller_port=free_port(), store_port=free_port(),
+    )
+    stack = Stack(settings)
+    try:
+        status = stack.up()
+        assert status.healthy, status.as_dict()
+        yield settings
+    finally:
+        stack.down()

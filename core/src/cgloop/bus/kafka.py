@@ -1,0 +1,182 @@
+"""Producing and consuming cgloop batches with confluent-kafka (librdkafka).
+
+Delivery is at least once: a consumer commits an offset only after its handler returned, or
+after an undecodable message is safely on the dead-letter topic. Handlers therefore must be
+idempotent (records carry source id + sequence for exactly that).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Message as KafkaMessage
+from confluent_kafka.admin import AdminClient, NewTopic
+from google.protobuf.message import Message
+
+from cgloop.bus.codec import DecodeError, decode, encode, headers_for
+from cgloop.bus.topics import DEADLETTER, TOPICS, Topic, topic
+from cgloop.contracts import SCHEMA_VERSION
+from cgloop.v1.common_pb2 import RecordHeader
+from cgloop.v1.deadletter_pb2 import DeadLetter
+
+log = logging.getLogger(__name__)
+
+
+def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS.values(), timeout_s: float = 30) -> list[str]:
+    """Create the missing topics with their partitions and retention; return the created names."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    wanted = [t for t in topics if t.name not in existing]
+    if not wanted:
+        return []
+    futures = admin.create_topics(
+        [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config())
+         for t in wanted],
+        operation_timeout=timeout_s,
+    )
+    created = []
+    for name, fut in futures.items():
+        try:
+            fut.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"cannot create topic {name}: {exc}") from exc
+    return created
+
+
+class BatchProducer:
+    """Sends protobuf batches to cgloop topics; `flush()` before exit or after critical sends."""
+
+    def __init__(self, bootstrap: str, client_id: str = "cgloop", **config: str | int) -> None:
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "client.id": client_id,
+            "enable.idempotence": True,  # no duplicates from producer retries
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            **config,
+        })
+        self.delivery_errors: list[str] = []
+
+    def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:
+        if err is not None:
+            self.delivery_errors.append(f"{msg.topic()}: {err}")
+            log.error("delivery to %s failed: %s", msg.topic(), err)
+
+    def send(self, topic_name: str, batch: Message, key: bytes | str | None = None) -> None:
+        expected = topic(topic_name).full_type_name
+        if batch.DESCRIPTOR.full_name != expected:
+            raise TypeError(f"topic {topic_name} carries {expected}, not {batch.DESCRIPTOR.full_name}")
+        self.send_raw(topic_name, encode(batch), key, headers_for(batch))
+
+    def send_raw(self, topic_name: str, value: bytes, key: bytes | str | None = None,
+                 headers: list[tuple[str, bytes]] | None = None) -> None:
+        while True:
+            try:
+                self._producer.produce(topic_name, value=value, key=key, headers=headers,
+                                       on_delivery=self._on_delivery)
+                break
+            except BufferError:  # local queue full: wait for deliveries instead of growing memory
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 30) -> None:
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            raise RuntimeError(f"{remaining} messages still undelivered after {timeout_s}s")
+        if self.delivery_errors:
+            errors, self.delivery_errors = self.delivery_errors, []
+            raise RuntimeError(f"{len(errors)} deliveries failed, first: {errors[0]}")
+
+
+@dataclass
+class ConsumerStats:
+    decoded: int = 0
+    dead_lettered: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+class BatchConsumer:
+    """Consumes cgloop topics in a group, decoding each message as its topic's batch type.
+
+    Undecodable messages are published to the dead-letter topic (with topic, partition, offset,
+    key, the original bytes and the reason) and skipped; the consumer carries on.
+    """
+
+    def __init__(self, bootstrap: str, group_id: str, topics: Iterable[str],
+                 source_id: str | None = None, **config: str | int) -> None:
+        self.topics = [topic(name) for name in topics]
+        self.group_id = group_id
+        self.source_id = source_id or f"consumer/{group_id}"
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **config,
+        })
+        self._consumer.subscribe([t.name for t in self.topics])
+        self._deadletters = BatchProducer(bootstrap, client_id=f"{group_id}-deadletter")
+        self._dl_sequence = 0
+        self.stats = ConsumerStats()
+
+    def _dead_letter(self, msg: KafkaMessage, reason: str) -> None:
+        self._dl_sequence += 1
+        key = msg.key()
+        letter = DeadLetter(
+            header=RecordHeader(schema_version=SCHEMA_VERSION, source_id=self.source_id,
+                                sequence=self._dl_sequence, timestamp_ns=time.time_ns()),
+            topic=msg.topic() or "", partition=msg.partition() or 0, offset=msg.offset() or 0,
+            key=key if isinstance(key, bytes) else (key or "").encode(),
+            value=msg.value() or b"", reason=reason, consumer_group=self.group_id,
+            original_timestamp_ms=msg.timestamp()[1],
+        )
+        self._deadletters.send(DEADLETTER.name, letter, key=msg.topic())
+        self._deadletters.flush()  # on the dead-letter topic before the offset moves on
+        self.stats.dead_lettered += 1
+        self.stats.reasons.append(reason)
+        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+
+    def poll(self, timeout_s: float = 1.0) -> tuple[Topic, Message, KafkaMessage] | None:
+        """Next decodable batch, or None on timeout. Dead-letters what does not decode."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self._consumer.poll(left)
+            if msg is None:
+                return None
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(msg.error())
+            t = TOPICS[msg.topic()]
+            try:
+                batch = decode(t, msg.value(), msg.headers())
+            except DecodeError as exc:
+                self._dead_letter(msg, str(exc))
+                self._consumer.commit(message=msg, asynchronous=False)
+                continue
+            self.stats.decoded += 1
+            return t, batch, msg
+        return None
+
+    def commit(self, msg: KafkaMessage) -> None:
+        self._consumer.commit(message=msg, asynchronous=False)
+
+    def run(self, handler: Callable[[Topic, Message], None], should_stop: Callable[[], bool]) -> None:
+        """Hand each batch to `handler`, committing after it returns, until `should_stop()`."""
+        while not should_stop():
+            item = self.poll(0.5)
+            if item is None:
+                continue
+            t, batch, msg = item
+            handler(t, batch)
+            self.commit(msg)
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._deadletters.flush()

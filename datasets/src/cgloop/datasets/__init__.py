@@ -1,0 +1,1 @@
+"""The trace store: ClickHouse schema and migrations, the store server, analyst queries."""

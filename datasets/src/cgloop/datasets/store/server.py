@@ -1,0 +1,238 @@
+"""The store server: owns the chDB data folder and answers read-only SQL over HTTP.
+
+chDB lets one process open a data folder, so the process that owns the store (and later writes
+into it) also serves everyone else's queries. It speaks the subset of ClickHouse's HTTP
+interface that clients use (`/ping`, `query`/`database`/`default_format`/`param_*` parameters,
+`X-ClickHouse-*` headers, `Code: N. DB::Exception` errors), so `clickhouse-connect`, `curl`
+and `cgloop query` work against it exactly as against a ClickHouse server.
+
+Queries from HTTP run on a `readonly=2` connection: reads and setting changes only, never
+writes or DDL, whatever the SQL says.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import re
+import signal
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import chdb
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+
+from cgloop.datasets.store.migrations import migrate
+
+log = logging.getLogger(__name__)
+
+MAX_QUERY_BYTES = 1 << 20
+# Content types ClickHouse sends for common formats (others are sent as octet-stream).
+_CONTENT_TYPES = {
+    "TabSeparated": "text/tab-separated-values; charset=UTF-8",
+    "TSV": "text/tab-separated-values; charset=UTF-8",
+    "TabSeparatedWithNames": "text/tab-separated-values; charset=UTF-8",
+    "TSVWithNames": "text/tab-separated-values; charset=UTF-8",
+    "CSV": "text/csv; charset=UTF-8; header=absent",
+    "CSVWithNames": "text/csv; charset=UTF-8; header=present",
+    "JSON": "application/json; charset=UTF-8",
+    "JSONEachRow": "application/x-ndjson; charset=UTF-8",
+    "JSONCompact": "application/json; charset=UTF-8",
+    "Pretty": "text/plain; charset=UTF-8",
+}
+# HTTP status per ClickHouse error code, as the ClickHouse server maps them.
+_STATUS_BY_CODE = {
+    62: HTTPStatus.BAD_REQUEST,  # SYNTAX_ERROR
+    47: HTTPStatus.NOT_FOUND,  # UNKNOWN_IDENTIFIER
+    60: HTTPStatus.NOT_FOUND,  # UNKNOWN_TABLE
+    81: HTTPStatus.NOT_FOUND,  # UNKNOWN_DATABASE
+    164: HTTPStatus.FORBIDDEN,  # READONLY
+    456: HTTPStatus.BAD_REQUEST,  # UNKNOWN_QUERY_PARAMETER
+}
+_CODE = re.compile(r"Code: (\d+)\.")
+# URL parameters that steer the transport, not the query; other settings are ignored (a
+# read-only endpoint does not take per-request engine settings).
+_TRANSPORT = {"query", "database", "default_format", "query_id", "session_id", "session_timeout",
+              "session_check", "compress", "decompress", "user", "password", "quota_key",
+              "wait_end_of_query", "enable_http_compression", "buffer_size"}
+
+
+@dataclass
+class QueryOutput:
+    body: bytes
+    rows_read: int
+    bytes_read: int
+    elapsed_s: float
+
+
+class QueryFailed(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Store:
+    """The chDB data folder, opened once: a writer client and a read-only query connection."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+        # Writer: the same client library that talks to a ClickHouse server in deployment.
+        self.client: Client = clickhouse_connect.get_client(dsn=f"chdb://{self.path}")
+        self._reader = chdb.connect(f"{self.path}?readonly=2")
+        # One engine per process; queries from HTTP threads take turns on the reader.
+        self._lock = threading.Lock()
+        self.timezone = self._reader.query("SELECT timezone()", "TSV").bytes().decode().strip()
+
+    def migrate(self, directory: Path | None = None) -> list[str]:
+        return migrate(self.client, directory)
+
+    def read(self, sql: str, fmt: str, database: str | None = None,
+             params: dict[str, str] | None = None) -> QueryOutput:
+        with self._lock:
+            try:
+                self._reader.query(f"USE `{(database or 'default').replace('`', '')}`")
+                start = time.perf_counter()
+                result = self._reader.query(sql, fmt, params=params or None)
+                elapsed = time.perf_counter() - start
+            except Exception as exc:  # chDB raises its own error type with ClickHouse's text
+                text = str(exc)
+                match = _CODE.search(text)
+                raise QueryFailed(int(match.group(1)) if match else 1000, text) from None
+        return QueryOutput(result.bytes(), result.rows_read(), result.bytes_read(), elapsed)
+
+    def close(self) -> None:
+        with self._lock:
+            self.client.close()
+            self._reader.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StoreHTTPServer
+    protocol_version = "HTTP/1.1"
+    server_version = "cgloop-store"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, code: int, message: str) -> None:
+        text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"
+        self._send(status, (text.rstrip() + "\n").encode(),
+                   {"Content-Type": "text/plain; charset=UTF-8",
+                    "X-ClickHouse-Exception-Code": str(code)})
+
+    def do_GET(self) -> None:
+        if urlsplit(self.path).path in ("/", "/ping") and not urlsplit(self.path).query:
+            return self._send(HTTPStatus.OK, b"Ok.\n", {"Content-Type": "text/html; charset=UTF-8"})
+        self._handle(b"")
+
+    def do_POST(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return self._error(HTTPStatus.BAD_REQUEST, 1000, "Content-Length is not a number")
+        if length > MAX_QUERY_BYTES:
+            self.close_connection = True
+            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, 1000,
+                               f"query body of {length} bytes exceeds {MAX_QUERY_BYTES}")
+        body = self.rfile.read(length)
+        encoding = (self.headers.get("Content-Encoding") or "").lower()
+        try:
+            if encoding == "gzip":
+                body = gzip.decompress(body)
+            elif encoding == "deflate":
+                body = zlib.decompress(body)
+            elif encoding not in ("", "identity"):
+                return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, 1000,
+                                   f"Content-Encoding {encoding!r} is not supported (gzip, deflate)")
+        except (OSError, zlib.error) as exc:
+            return self._error(HTTPStatus.BAD_REQUEST, 1000, f"cannot decompress body: {exc}")
+        self._handle(body)
+
+    def _handle(self, body: bytes) -> None:
+        url = urlsplit(self.path)
+        if url.path != "/":
+            return self._error(HTTPStatus.NOT_FOUND, 1000, f"no handler for {url.path}")
+        args = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        try:
+            sql = "\n".join(p for p in (args.get("query", ""), body.decode()) if p).strip()
+        except UnicodeDecodeError:
+            return self._error(HTTPStatus.BAD_REQUEST, 1000, "query is not valid UTF-8")
+        if not sql:
+            return self._error(HTTPStatus.BAD_REQUEST, 1000, "empty query")
+        params = {k.removeprefix("param_"): v for k, v in args.items() if k.startswith("param_")}
+        ignored = sorted(k for k in args if k not in _TRANSPORT and not k.startswith("param_"))
+        if ignored:
+            log.debug("ignoring settings %s", ignored)
+        fmt = args.get("default_format") or "TabSeparated"
+        query_id = args.get("query_id") or str(uuid.uuid4())
+        try:
+            out = self.server.store.read(sql, fmt, args.get("database"), params)
+        except QueryFailed as exc:
+            status = _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
+            return self._error(status, exc.code, str(exc))
+        summary = {"read_rows": str(out.rows_read), "read_bytes": str(out.bytes_read),
+                   "written_rows": "0", "written_bytes": "0",
+                   "elapsed_ns": str(int(out.elapsed_s * 1e9))}
+        self._send(HTTPStatus.OK, out.body, {
+            "Content-Type": _CONTENT_TYPES.get(fmt, "application/octet-stream"),
+            "X-ClickHouse-Format": fmt,
+            "X-ClickHouse-Query-Id": query_id,
+            "X-ClickHouse-Timezone": self.server.store.timezone,
+            "X-ClickHouse-Server-Display-Name": "cgloop-store",
+            "X-ClickHouse-Summary": json.dumps(summary),
+        })
+
+
+class StoreHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, store: Store, host: str, port: int) -> None:
+        self.store = store
+        super().__init__((host, port), _Handler)
+
+
+def serve(path: Path, host: str, port: int, migrations_dir: Path | None = None,
+          ready: threading.Event | None = None) -> None:
+    """Open the store, apply pending migrations, serve until SIGTERM/SIGINT."""
+    store = Store(path)
+    try:
+        applied = store.migrate(migrations_dir)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+        httpd = StoreHTTPServer(store, host, port)
+        stop = threading.Event()
+
+        def _stop(*_: object) -> None:
+            if not stop.is_set():
+                stop.set()
+                threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _stop)
+            signal.signal(signal.SIGINT, _stop)
+        log.info("store %s serving on http://%s:%d", path, host, port)
+        if ready:
+            ready.set()
+        httpd.serve_forever(poll_interval=0.2)
+        httpd.server_close()
+    finally:
+        store.close()

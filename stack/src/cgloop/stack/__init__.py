@@ -1,0 +1,1 @@
+"""The embedded local stack: a real single-node KRaft Kafka broker and the trace store."""
