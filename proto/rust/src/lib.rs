@@ -1,0 +1,18 @@
+//! cgloop's wire contracts: the `cgloop.v1` protobuf messages (prost), the `NodeAgentService`
+//! gRPC client and server (tonic), and canonical sample records shared with the Python side
+//! (`cgloop.contracts.samples`) to check that both languages produce identical bytes.
+
+/// Version of the record schemas written into every `RecordHeader.schema_version`.
+/// Mirrors `cgloop.contracts.SCHEMA_VERSION` in Python.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Generated from `proto/cgloop/v1/*.proto`.
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("cgloop.v1");
+}
+
+pub mod samples;
+pub mod vectors;
+
+pub use prost::Message;

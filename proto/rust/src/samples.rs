@@ -1,0 +1,397 @@
+//! Canonical sample records, one per Kafka message type.
+//!
+//! The same values are defined in Python (`cgloop.contracts.samples`); the cross-language test
+//! checks that both encode to identical bytes. Change both together, then regenerate the golden
+//! files (proto/testdata/vectors/README.md).
+//!
+//! Every field of every message is set to a non-default value so that every field is on the
+//! wire. Values are chosen for that, not to be physically consistent (a lost probe has an RTT,
+//! a UDP flow has TCP flags). Doubles are exactly representable so no decimal rounding differs.
+
+use std::collections::BTreeMap;
+
+use crate::v1::{
+    action_event, detection, int_record, Action, ActionBatch, ActionEvent, ActionLevel,
+    ActionOperation, ActionResult, ActionState, ActionTarget, Comparator, CoreSample, DeadLetter,
+    Detection, DetectionBatch, DetectionKind, Direction, Evidence, ExpectedEffect, FiveTuple,
+    FlowRecord, FlowRecordBatch, FunctionCounters, IntDropRecord, IntEventReason, IntFlowRecord,
+    IntHop, IntHopRecord, IntQueueRecord, IntRecord, IntRecordBatch, LatencySummary, LinkRef,
+    Log2Histogram, NodeSample, NodeSampleBatch, ProbeMethod, ProbeRecord, ProbeRecordBatch,
+    QueueRef, RecordHeader, RtpStats, Severity, Verdict, Verification,
+};
+use crate::SCHEMA_VERSION;
+
+/// Reference instant of all samples: 2025-06-15T15:06:40Z in ns since the Unix epoch.
+pub const T0_NS: u64 = 1_750_000_000_000_000_000;
+/// Detection ids referenced by the action sample.
+pub const DETECTION_ID_1: &str = "0b9e4a52-6d1f-4c8e-9a37-5f2d1c0e8a01";
+pub const DETECTION_ID_2: &str = "0b9e4a52-6d1f-4c8e-9a37-5f2d1c0e8a02";
+pub const ACTION_ID: &str = "7c41d0e2-93ab-4f6e-8d15-2a6b9e3f4c10";
+pub const ROLLED_BACK_ACTION_ID: &str = "7c41d0e2-93ab-4f6e-8d15-2a6b9e3f4c0f";
+
+fn header(source_id: &str, sequence: u64, timestamp_ns: u64) -> Option<RecordHeader> {
+    Some(RecordHeader {
+        schema_version: SCHEMA_VERSION,
+        source_id: source_id.to_owned(),
+        sequence,
+        timestamp_ns,
+    })
+}
+
+fn string_map(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
+    entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A downstream cloud-gaming media flow: server 198.51.100.7:49004 -> client 192.0.2.10:51000/UDP.
+pub fn gaming_five_tuple() -> FiveTuple {
+    FiveTuple {
+        src_addr: vec![198, 51, 100, 7],
+        dst_addr: vec![192, 0, 2, 10],
+        src_port: 49_004,
+        dst_port: 51_000,
+        ip_protocol: 17,
+    }
+}
+
+pub fn sample_flow_record_batch() -> FlowRecordBatch {
+    let record = FlowRecord {
+        header: header("node-a/flow-probe", 42, T0_NS + 100_000_000),
+        five_tuple: Some(gaming_five_tuple()),
+        direction: Direction::Egress as i32,
+        vlan_id: 100,
+        ifindex: 7,
+        interface_name: "veth-gw0".to_owned(),
+        interval_start_ns: T0_NS,
+        interval_end_ns: T0_NS + 100_000_000,
+        is_final: true,
+        packets: 3_000,
+        bytes: 3_600_000,
+        first_seen_ns: T0_NS - 5_000_000_000,
+        last_seen_ns: T0_NS + 99_000_000,
+        size_min_bytes: 60,
+        size_max_bytes: 1_400,
+        size_sum_bytes: 3_600_000,
+        size_sum_squares_bytes2: 4_500_000_000,
+        size_histogram_bytes: Some(Log2Histogram {
+            buckets: vec![0, 0, 0, 0, 0, 12, 3, 0, 0, 0, 2_985],
+        }),
+        inter_arrival_histogram_ns: Some(Log2Histogram {
+            buckets: vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 100, 0, 400, 0, 1_500, 900, 99],
+        }),
+        max_burst_packets: 24,
+        burst_count: 110,
+        ecn_not_ect_packets: 2_990,
+        ecn_ect0_packets: 4,
+        ecn_ect1_packets: 5,
+        ecn_ce_packets: 1,
+        last_dscp: 46,
+        tcp_flags_seen: 0x18,
+        rtp: Some(RtpStats {
+            ssrc: 0x1234_abcd,
+            payload_type: 96,
+            clock_rate_hz: 90_000,
+            jitter_ns: 1_500_000,
+            lost_packets: 3,
+            reordered_packets: 2,
+            sequence_gaps: 2,
+            duplicate_packets: 1,
+            marker_packets: 180,
+            extended_highest_sequence: 70_000,
+        }),
+    };
+    FlowRecordBatch {
+        records: vec![record],
+    }
+}
+
+fn int_hop(switch_id: u32, ingress_port: u32, egress_port: u32, hop_latency_ns: u64) -> IntHop {
+    let ingress_timestamp_ns = T0_NS + u64::from(switch_id) * 1_000;
+    IntHop {
+        switch_id,
+        ingress_port,
+        egress_port,
+        hop_latency_ns,
+        queue_id: 1,
+        queue_occupancy_cells: 120 * switch_id,
+        egress_tx_utilization: 0.5,
+        ingress_timestamp_ns,
+        egress_timestamp_ns: ingress_timestamp_ns + hop_latency_ns,
+    }
+}
+
+/// One record of each of the four INT kinds, in oneof field order.
+pub fn sample_int_record_batch() -> IntRecordBatch {
+    let source = "int-collector-1";
+    let hop = IntHopRecord {
+        header: header(source, 7, T0_NS + 1_000_000),
+        five_tuple: Some(gaming_five_tuple()),
+        hop_index: 1,
+        hop: Some(int_hop(2, 1, 3, 850)),
+    };
+    let flow = IntFlowRecord {
+        header: header(source, 8, T0_NS + 1_000_000),
+        five_tuple: Some(gaming_five_tuple()),
+        path_switch_ids: vec![1, 2],
+        hops: vec![int_hop(1, 5, 2, 1_250), int_hop(2, 1, 3, 850)],
+        end_to_end_latency_ns: 2_100,
+        reason: IntEventReason::LatencyChange as i32,
+        report_sequence: 9_001,
+    };
+    let queue = IntQueueRecord {
+        header: header(source, 9, T0_NS + 2_000_000),
+        switch_id: 2,
+        egress_port: 3,
+        queue_id: 1,
+        queue_occupancy_cells: 4_096,
+        queue_latency_ns: 3_000_000,
+        congested: true,
+        egress_tx_utilization: 0.875,
+    };
+    let drop = IntDropRecord {
+        header: header(source, 10, T0_NS + 3_000_000),
+        switch_id: 3,
+        ingress_port: 2,
+        egress_port: 4,
+        queue_id: 1,
+        drop_reason: 71,
+        drop_count: 17,
+        five_tuple: Some(gaming_five_tuple()),
+    };
+    let records = [
+        int_record::Record::Hop(hop),
+        int_record::Record::Flow(flow),
+        int_record::Record::Queue(queue),
+        int_record::Record::Drop(drop),
+    ]
+    .into_iter()
+    .map(|record| IntRecord {
+        record: Some(record),
+    })
+    .collect();
+    IntRecordBatch { records }
+}
+
+/// A TWAMP-light probe over IPv6 (2001:db8::1 -> 2001:db8::2), to cover 16-byte addresses.
+pub fn sample_probe_record_batch() -> ProbeRecordBatch {
+    let mut source_addr = vec![0x20, 0x01, 0x0d, 0xb8];
+    source_addr.extend([0; 11]);
+    let mut target_addr = source_addr.clone();
+    source_addr.push(1);
+    target_addr.push(2);
+    let record = ProbeRecord {
+        header: header("node-a/prober", 5, T0_NS + 2_350_000),
+        probe_id: "gfn-edge-rtt".to_owned(),
+        method: ProbeMethod::TwampLight as i32,
+        source_addr,
+        target_addr,
+        source_port: 40_000,
+        target_port: 862,
+        dscp: 46,
+        ecn: 1,
+        probe_sequence: 1_234,
+        packet_bytes: 128,
+        sent_ns: T0_NS + 2_000_000,
+        received_ns: T0_NS + 2_350_000,
+        rtt_ns: 340_000,
+        lost: true,
+        reply_ttl: 61,
+        forward_delay_ns: 180_000,
+        reverse_delay_ns: 160_000,
+        reply_ecn: 3,
+    };
+    ProbeRecordBatch {
+        records: vec![record],
+    }
+}
+
+pub fn sample_node_sample_batch() -> NodeSampleBatch {
+    let core = |core: u32, frequency_khz: u32, governor: &str, utilization: f64| CoreSample {
+        core,
+        frequency_khz,
+        min_frequency_khz: 800_000,
+        max_frequency_khz: 3_000_000,
+        governor: governor.to_owned(),
+        utilization,
+    };
+    let function = |name: &str, core: u32, packets: u64| FunctionCounters {
+        function_name: name.to_owned(),
+        core,
+        packets,
+        forwarded_packets: packets - 10,
+        last_packet_ns: T0_NS + 3_000_000 + u64::from(core),
+    };
+    let sample = NodeSample {
+        header: header("node-a/agent", 11, T0_NS + 5_000_000),
+        node_id: "node-a".to_owned(),
+        cores: vec![
+            core(0, 2_400_000, "userspace", 0.75),
+            core(1, 1_200_000, "performance", 0.25),
+        ],
+        functions: vec![
+            function("router", 0, 1_000_000),
+            function("nat", 1, 999_000),
+        ],
+        power_watts: Some(42.5),
+        energy_joules: Some(12_345.25),
+    };
+    NodeSampleBatch {
+        records: vec![sample],
+    }
+}
+
+/// One detection per subject variant, in oneof field order.
+pub fn sample_detection_batch() -> DetectionBatch {
+    let subjects = [
+        (
+            DetectionKind::L4sUnresponsiveEcn,
+            detection::Subject::Flow(gaming_five_tuple()),
+        ),
+        (
+            DetectionKind::QueueCongestion,
+            detection::Subject::Queue(QueueRef {
+                node_id: "node-a".to_owned(),
+                interface_name: "veth-gw0".to_owned(),
+                queue_id: 1,
+            }),
+        ),
+        (
+            DetectionKind::NodeOverload,
+            detection::Subject::NodeId("node-b".to_owned()),
+        ),
+        (
+            DetectionKind::FunctionOverload,
+            detection::Subject::FunctionName("nat".to_owned()),
+        ),
+        (
+            DetectionKind::PathChange,
+            detection::Subject::Link(LinkRef {
+                src_device_id: "device:leaf1".to_owned(),
+                src_port: 3,
+                dst_device_id: "device:spine1".to_owned(),
+                dst_port: 1,
+            }),
+        ),
+    ];
+    let records = subjects
+        .into_iter()
+        .zip(1u64..)
+        .map(|((kind, subject), n)| Detection {
+            header: header("analytics-1", 20 + n, T0_NS + n * 1_000_000),
+            id: format!("0b9e4a52-6d1f-4c8e-9a37-5f2d1c0e8a{n:02x}"),
+            kind: kind as i32,
+            severity: Severity::Major as i32,
+            confidence: 0.875,
+            evidence: vec![
+                Evidence {
+                    name: "ce_fraction".to_owned(),
+                    value: 0.5,
+                    threshold: 0.25,
+                    baseline: 0.0625,
+                    unit: "ratio".to_owned(),
+                },
+                Evidence {
+                    name: "victim_p99_rtt_ns".to_owned(),
+                    value: 30_000_000.0,
+                    threshold: 20_000_000.0,
+                    baseline: 15_000_000.0,
+                    unit: "ns".to_owned(),
+                },
+            ],
+            detector: "l4s-abuse".to_owned(),
+            model_version: "2025.06.1".to_owned(),
+            window_start_ns: T0_NS - 1_000_000_000,
+            window_end_ns: T0_NS,
+            labels: string_map(&[("platform", "GFN"), ("scenario", "unresponsive-ecn")]),
+            subject: Some(subject),
+        })
+        .collect();
+    DetectionBatch { records }
+}
+
+fn latency_summary(scale_ns: u64) -> LatencySummary {
+    LatencySummary {
+        samples: 1_200,
+        p50_ns: scale_ns,
+        p90_ns: scale_ns * 2,
+        p99_ns: scale_ns * 3,
+        p999_ns: scale_ns * 4,
+        max_ns: scale_ns * 5,
+    }
+}
+
+/// One Action (proposed, dry run, itself a rollback) and one ActionResult (verified).
+pub fn sample_action_batch() -> ActionBatch {
+    let action = Action {
+        header: header("policy-engine", 3, T0_NS + 10_000_000),
+        id: ACTION_ID.to_owned(),
+        reason_detection_ids: vec![DETECTION_ID_1.to_owned(), DETECTION_ID_2.to_owned()],
+        policy_id: "l4s-abuse-demote".to_owned(),
+        level: ActionLevel::Micro as i32,
+        target: Some(ActionTarget {
+            node_id: "node-a".to_owned(),
+            interface_name: "veth-gw0".to_owned(),
+            flow: Some(gaming_five_tuple()),
+            switch_id: 2,
+            device_id: "device:leaf1".to_owned(),
+            queue_id: 1,
+        }),
+        operation: ActionOperation::ReprioritiseFlow as i32,
+        parameters: string_map(&[("class_id", "0x00010030"), ("rewrite_dscp", "0")]),
+        expected_effect: Some(ExpectedEffect {
+            metric: "victim.p99_rtt_ns".to_owned(),
+            comparator: Comparator::LessThan as i32,
+            value: 20_000_000.0,
+            within_ns: 500_000_000,
+        }),
+        deadline_ns: T0_NS + 200_000_000,
+        state: ActionState::Proposed as i32,
+        dry_run: true,
+        rollback_of_action_id: ROLLED_BACK_ACTION_ID.to_owned(),
+    };
+    let result = ActionResult {
+        header: header("policy-engine", 4, T0_NS + 600_000_000),
+        action_id: ACTION_ID.to_owned(),
+        state: ActionState::Verified as i32,
+        verification: Some(Verification {
+            verdict: Verdict::Improved as i32,
+            metric: "victim.p99_rtt_ns".to_owned(),
+            before_value: 30_000_000.0,
+            after_value: 16_000_000.0,
+            latency_before: Some(latency_summary(10_000_000)),
+            latency_after: Some(latency_summary(4_000_000)),
+            detail: "p99 RTT back under the SLO".to_owned(),
+        }),
+        message: "applied by node-a agent".to_owned(),
+        applied_ns: T0_NS + 45_000_000,
+        apply_latency_ns: 180_000,
+        detection_to_apply_ns: 45_000_000,
+        verified_ns: T0_NS + 545_000_000,
+        previous_parameters: string_map(&[("class_id", "0x00010010"), ("rewrite_dscp", "46")]),
+    };
+    let events = [
+        action_event::Event::Action(action),
+        action_event::Event::Result(result),
+    ]
+    .into_iter()
+    .map(|event| ActionEvent { event: Some(event) })
+    .collect();
+    ActionBatch { events }
+}
+
+/// A poison message from the flow topic: its value is not a valid FlowRecordBatch.
+pub fn sample_dead_letter() -> DeadLetter {
+    DeadLetter {
+        header: header("flow-sink", 77, T0_NS + 7_000_000),
+        topic: "cgloop.flows".to_owned(),
+        partition: 3,
+        offset: 123_456,
+        key: b"node-a".to_vec(),
+        value: vec![0x0a, 0x05, b'j', b'u', b'n', b'k', 0xff],
+        reason: "decode error: buffer underflow in FlowRecordBatch.records".to_owned(),
+        consumer_group: "cgloop-flow-sink".to_owned(),
+        original_timestamp_ms: 1_750_000_000_000,
+    }
+}
