@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     kafka_port: int = Field(default=19092, ge=1, le=65535)
     kafka_controller_port: int = Field(default=19093, ge=1, le=65535)
     store_port: int = Field(default=18123, ge=1, le=65535)
+    # Extra or replacement schema migrations (a folder of NNNN_name.sql); default: the shipped ones.
+    migrations_dir: Path | None = None
+    # Start-up refuses to run with less free disk than this under state_dir.
+    min_free_disk_mb: int = Field(default=1024, ge=0)
     # Set to use an existing broker or ClickHouse server instead of the embedded ones.
     kafka_bootstrap: str | None = None
     store_url: str | None = None

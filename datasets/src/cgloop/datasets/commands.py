@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cgloop.config import settings
@@ -35,7 +36,7 @@ def migrate_cmd(
     try:
         applied = store.migrate(migrations)
     except MigrationError as exc:
-        _err.print(f"[red]store: {exc}[/]", highlight=False, soft_wrap=True)
+        _err.print(f"[red]store: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     finally:
         store.close()
@@ -58,10 +59,10 @@ def serve_cmd(
     try:
         serve(path or _default_path(), host, port or settings().store_port, migrations)
     except MigrationError as exc:
-        _err.print(f"[red]store: {exc}[/]", highlight=False, soft_wrap=True)
+        _err.print(f"[red]store: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as exc:
-        _err.print(f"[red]store: cannot serve on {host}:{port}: {exc}[/]", highlight=False)
+        _err.print(f"[red]store: cannot serve on {host}:{port}: {escape(str(exc))}[/]", highlight=False)
         raise typer.Exit(1) from None
 
 
@@ -85,7 +86,7 @@ def query_cmd(
             return
         result = client.query(sql)
     except ClickHouseError as exc:
-        _err.print(f"[red]query failed against {target}: {exc}[/]", highlight=False, soft_wrap=True)
+        _err.print(f"[red]query failed against {target}: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     table = Table(*result.column_names)
     for row in result.result_rows:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cgloop.config import settings
@@ -50,7 +51,7 @@ def up(
     try:
         status = stack.up(progress=lambda msg: _out.print(f"[dim]·[/] {msg}"))
     except (PreflightError, StackError, RuntimeError) as exc:
-        _err.print(f"[red]cgloop up failed:[/] {exc}", highlight=False, soft_wrap=True)
+        _err.print(f"[red]cgloop up failed:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     _print_status(status)
     _how_to_query()

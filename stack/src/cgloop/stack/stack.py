@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import httpx
 
@@ -58,11 +57,10 @@ class StackStatus:
 
 
 class Stack:
-    def __init__(self, settings: Settings, migrations_dir: Path | None = None,
-                 min_free_disk_mb: int = 1024) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.migrations_dir = migrations_dir
-        self.min_free_disk_mb = min_free_disk_mb
+        self.migrations_dir = settings.migrations_dir
+        self.min_free_disk_mb = settings.min_free_disk_mb
         run_dir = settings.state_dir / "run"
         self.kafka = KafkaBroker(settings.state_dir, settings.cache_dir, settings.host,
                                  settings.kafka_port, settings.kafka_controller_port)
