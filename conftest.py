@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from cgloop.config import Settings, find_project_root
 
 ROOT = find_project_root(Path(__file__))
@@ -36,9 +35,13 @@ def cgloop_cmd(*args: str) -> list[str]:
 def run_cgloop(tmp_path: Path):
     """Run the cgloop CLI in a subprocess with a private state folder; returns CompletedProcess."""
 
-    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    def run(
+        *args: str, env: dict[str, str] | None = None, timeout: float = 180
+    ) -> subprocess.CompletedProcess:
         full_env = {**os.environ, "CGLOOP_STATE_DIR": str(tmp_path / "state"), **(env or {})}
-        return subprocess.run(cgloop_cmd(*args), capture_output=True, text=True, env=full_env, timeout=timeout)
+        return subprocess.run(
+            cgloop_cmd(*args), capture_output=True, text=True, env=full_env, timeout=timeout
+        )
 
     return run
 
@@ -47,8 +50,12 @@ class StoreServer:
     def __init__(self, path: Path, port: int) -> None:
         self.path, self.port = path, port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port)),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -85,7 +92,9 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
     settings = Settings(
         state_dir=tmp_path_factory.mktemp("stack"),
         cache_dir=(ROOT / ".cache") if ROOT else Settings().cache_dir,
-        kafka_port=free_port(), kafka_controller_port=free_port(), store_port=free_port(),
+        kafka_port=free_port(),
+        kafka_controller_port=free_port(),
+        store_port=free_port(),
     )
     stack = Stack(settings)
     try:

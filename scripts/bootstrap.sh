@@ -50,13 +50,15 @@ uv run --quiet python -m cgloop.stack.kafka_install
 
 # --- buf (npm) for protobuf linting, cached in proto/node_modules -------------------------------
 if [ ! -x proto/node_modules/.bin/buf ]; then
-  log "buf: npm ci"
-  (cd proto && npm ci --silent --no-audit --no-fund >/dev/null)
+  # `npm install` (not `npm ci`) honours the lock but tolerates optional platform packages
+  # (buf's darwin/win32 builds) that a registry mirror may not serve; `npm ci` refuses then.
+  log "buf: npm install (locked)"
+  (cd proto && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 
 # --- Rust workspace -----------------------------------------------------------------------------
 command -v cargo >/dev/null || { echo "bootstrap: cargo is missing (install Rust with rustup)" >&2; exit 1; }
 log "rust: cargo build --workspace"
-cargo build --workspace --quiet --locked 2>/dev/null || cargo build --workspace --quiet
+cargo build --workspace --quiet --locked
 
 log "ready"

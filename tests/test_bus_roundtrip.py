@@ -7,7 +7,6 @@ import time
 import uuid
 
 import pytest
-
 from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
 from cgloop.bus.topics import DEADLETTER, TOPICS
@@ -89,8 +88,12 @@ def test_malformed_messages_are_dead_lettered_and_the_consumer_carries_on(stack_
     producer = BatchProducer(stack_settings.bootstrap_servers)
     for value in bad:
         producer.send_raw(topic_name, value, key=marker)
-    producer.send_raw(topic_name, good.SerializeToString(), key=marker,
-                      headers=[(TYPE_HEADER, b"cgloop.v1.FlowRecordBatch")])  # lying header
+    producer.send_raw(
+        topic_name,
+        good.SerializeToString(),
+        key=marker,
+        headers=[(TYPE_HEADER, b"cgloop.v1.FlowRecordBatch")],
+    )  # lying header
     producer.send(topic_name, good, key=marker)  # the one good message, after all the bad ones
     producer.flush()
 
@@ -102,10 +105,15 @@ def test_malformed_messages_are_dead_lettered_and_the_consumer_carries_on(stack_
     assert [batch for _, batch, _ in items] == [good]
     assert consumer.stats.dead_lettered == len(bad) + 1
 
-    letters_consumer = BatchConsumer(stack_settings.bootstrap_servers, f"dlr-{marker}", [DEADLETTER.name])
+    letters_consumer = BatchConsumer(
+        stack_settings.bootstrap_servers, f"dlr-{marker}", [DEADLETTER.name]
+    )
     try:
         letters: list[DeadLetter] = [
-            b for _, b, _ in _drain(letters_consumer, lambda i: i[1].key == marker.encode(), want=len(bad) + 1)
+            b
+            for _, b, _ in _drain(
+                letters_consumer, lambda i: i[1].key == marker.encode(), want=len(bad) + 1
+            )
         ]
     finally:
         letters_consumer.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from cgloop.bus.codec import TYPE_HEADER, DecodeError, decode, encode, headers_for
 from cgloop.bus.topics import TOPICS, topic
 from cgloop.contracts import SCHEMA_VERSION
@@ -20,7 +19,7 @@ def test_every_topic_names_an_existing_batch_type() -> None:
 
 
 def test_unknown_topic_lists_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="cgloop.flows.v1"):
+    with pytest.raises(KeyError, match=r"cgloop\.flows\.v1"):
         topic("cgloop.flow.v1")
 
 
@@ -34,7 +33,7 @@ def test_oneof_envelopes_are_checked_inside() -> None:
     assert decode(ACTIONS, encode(batch)) == batch
     kind = batch.events[0].WhichOneof("event")
     getattr(batch.events[0], kind).header.source_id = ""
-    with pytest.raises(DecodeError, match="record 0 .*no source_id"):
+    with pytest.raises(DecodeError, match=r"record 0 .*no source_id"):
         decode(ACTIONS, encode(batch))
 
 
@@ -45,19 +44,28 @@ def _flow_batch(**header: object):
     return batch
 
 
-@pytest.mark.parametrize(("payload", "headers", "reason"), [
-    (b"", None, "empty payload"),
-    (None, None, "empty payload"),
-    (b"\xff\xff\xff\xff", None, "not a valid cgloop.v1.FlowRecordBatch"),
-    (b"\x0a\x05abc", None, "not a valid cgloop.v1.FlowRecordBatch"),  # truncated field
-    (b"\xa0\x06\x01", None, "unknown top-level field numbers [100]"),
-    (encode(_flow_batch(schema_version=SCHEMA_VERSION + 1)), None,
-     f"schema_version {SCHEMA_VERSION + 1} not readable"),
-    (encode(_flow_batch(schema_version=0)), None, "schema_version 0 not readable"),
-    (encode(_flow_batch(source_id="")), None, "header has no source_id"),
-    (encode(SAMPLES["flow_record_batch"]()), [(TYPE_HEADER, b"cgloop.v1.ProbeRecordBatch")],
-     "message type header says 'cgloop.v1.ProbeRecordBatch'"),
-])
+@pytest.mark.parametrize(
+    ("payload", "headers", "reason"),
+    [
+        (b"", None, "empty payload"),
+        (None, None, "empty payload"),
+        (b"\xff\xff\xff\xff", None, "not a valid cgloop.v1.FlowRecordBatch"),
+        (b"\x0a\x05abc", None, "not a valid cgloop.v1.FlowRecordBatch"),  # truncated field
+        (b"\xa0\x06\x01", None, "unknown top-level field numbers [100]"),
+        (
+            encode(_flow_batch(schema_version=SCHEMA_VERSION + 1)),
+            None,
+            f"schema_version {SCHEMA_VERSION + 1} not readable",
+        ),
+        (encode(_flow_batch(schema_version=0)), None, "schema_version 0 not readable"),
+        (encode(_flow_batch(source_id="")), None, "header has no source_id"),
+        (
+            encode(SAMPLES["flow_record_batch"]()),
+            [(TYPE_HEADER, b"cgloop.v1.ProbeRecordBatch")],
+            "message type header says 'cgloop.v1.ProbeRecordBatch'",
+        ),
+    ],
+)
 def test_malformed_messages_are_refused_with_a_reason(payload, headers, reason) -> None:
     with pytest.raises(DecodeError) as info:
         decode(FLOWS, payload, headers)

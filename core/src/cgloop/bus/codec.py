@@ -8,12 +8,11 @@ exactly what was wrong; consumers send such messages to the dead-letter topic.
 
 from __future__ import annotations
 
+from cgloop.bus.topics import Topic
+from cgloop.contracts import SCHEMA_VERSION
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
-
-from cgloop.bus.topics import Topic
-from cgloop.contracts import SCHEMA_VERSION
 
 TYPE_HEADER = "cgloop-type"
 SCHEMA_HEADER = "cgloop-schema-version"
@@ -47,12 +46,18 @@ def _records(batch: Message) -> list[Message]:
             if "header" in item.DESCRIPTOR.fields_by_name:
                 out.append(item)
             else:  # envelope with a oneof (IntRecord, ActionEvent)
-                which = item.WhichOneof(item.DESCRIPTOR.oneofs[0].name) if item.DESCRIPTOR.oneofs else None
+                which = (
+                    item.WhichOneof(item.DESCRIPTOR.oneofs[0].name)
+                    if item.DESCRIPTOR.oneofs
+                    else None
+                )
                 out.append(getattr(item, which) if which else item)
     return out
 
 
-def decode(topic: Topic, payload: bytes | None, headers: list[tuple[str, bytes]] | None = None) -> Message:
+def decode(
+    topic: Topic, payload: bytes | None, headers: list[tuple[str, bytes]] | None = None
+) -> Message:
     """Parse and validate one message of `topic`; raise DecodeError naming the problem."""
     expected = topic.full_type_name
     for name, value in headers or []:
@@ -62,7 +67,9 @@ def decode(topic: Topic, payload: bytes | None, headers: list[tuple[str, bytes]]
                 f"topic {topic.name} carries {expected}"
             )
     if not payload:
-        raise DecodeError(f"empty payload: topic {topic.name} carries non-empty {expected} messages")
+        raise DecodeError(
+            f"empty payload: topic {topic.name} carries non-empty {expected} messages"
+        )
     message = topic.message_class()()
     try:
         message.ParseFromString(payload)

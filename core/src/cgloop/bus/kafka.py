@@ -12,21 +12,22 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka import Message as KafkaMessage
-from confluent_kafka.admin import AdminClient, NewTopic
-from google.protobuf.message import Message
-
 from cgloop.bus.codec import DecodeError, decode, encode, headers_for
 from cgloop.bus.topics import DEADLETTER, TOPICS, Topic, topic
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Message as KafkaMessage
+from confluent_kafka.admin import AdminClient, NewTopic
+from google.protobuf.message import Message
 
 log = logging.getLogger(__name__)
 
 
-def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS.values(), timeout_s: float = 30) -> list[str]:
+def ensure_topics(
+    bootstrap: str, topics: Iterable[Topic] = TOPICS.values(), timeout_s: float = 30
+) -> list[str]:
     """Create the missing topics with their partitions and retention; return the created names."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=timeout_s).topics)
@@ -34,8 +35,10 @@ def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS.values(), tim
     if not wanted:
         return []
     futures = admin.create_topics(
-        [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config())
-         for t in wanted],
+        [
+            NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config())
+            for t in wanted
+        ],
         operation_timeout=timeout_s,
     )
     created = []
@@ -53,14 +56,16 @@ class BatchProducer:
     """Sends protobuf batches to cgloop topics; `flush()` before exit or after critical sends."""
 
     def __init__(self, bootstrap: str, client_id: str = "cgloop", **config: str | int) -> None:
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "client.id": client_id,
-            "enable.idempotence": True,  # no duplicates from producer retries
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            **config,
-        })
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "client.id": client_id,
+                "enable.idempotence": True,  # no duplicates from producer retries
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                **config,
+            }
+        )
         self.delivery_errors: list[str] = []
 
     def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:
@@ -71,15 +76,23 @@ class BatchProducer:
     def send(self, topic_name: str, batch: Message, key: bytes | str | None = None) -> None:
         expected = topic(topic_name).full_type_name
         if batch.DESCRIPTOR.full_name != expected:
-            raise TypeError(f"topic {topic_name} carries {expected}, not {batch.DESCRIPTOR.full_name}")
+            raise TypeError(
+                f"topic {topic_name} carries {expected}, not {batch.DESCRIPTOR.full_name}"
+            )
         self.send_raw(topic_name, encode(batch), key, headers_for(batch))
 
-    def send_raw(self, topic_name: str, value: bytes, key: bytes | str | None = None,
-                 headers: list[tuple[str, bytes]] | None = None) -> None:
+    def send_raw(
+        self,
+        topic_name: str,
+        value: bytes,
+        key: bytes | str | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         while True:
             try:
-                self._producer.produce(topic_name, value=value, key=key, headers=headers,
-                                       on_delivery=self._on_delivery)
+                self._producer.produce(
+                    topic_name, value=value, key=key, headers=headers, on_delivery=self._on_delivery
+                )
                 break
             except BufferError:  # local queue full: wait for deliveries instead of growing memory
                 self._producer.poll(0.1)
@@ -108,18 +121,26 @@ class BatchConsumer:
     key, the original bytes and the reason) and skipped; the consumer carries on.
     """
 
-    def __init__(self, bootstrap: str, group_id: str, topics: Iterable[str],
-                 source_id: str | None = None, **config: str | int) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        group_id: str,
+        topics: Iterable[str],
+        source_id: str | None = None,
+        **config: str | int,
+    ) -> None:
         self.topics = [topic(name) for name in topics]
         self.group_id = group_id
         self.source_id = source_id or f"consumer/{group_id}"
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            **config,
-        })
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                **config,
+            }
+        )
         self._consumer.subscribe([t.name for t in self.topics])
         self._deadletters = BatchProducer(bootstrap, client_id=f"{group_id}-deadletter")
         self._dl_sequence = 0
@@ -129,18 +150,28 @@ class BatchConsumer:
         self._dl_sequence += 1
         key = msg.key()
         letter = DeadLetter(
-            header=RecordHeader(schema_version=SCHEMA_VERSION, source_id=self.source_id,
-                                sequence=self._dl_sequence, timestamp_ns=time.time_ns()),
-            topic=msg.topic() or "", partition=msg.partition() or 0, offset=msg.offset() or 0,
+            header=RecordHeader(
+                schema_version=SCHEMA_VERSION,
+                source_id=self.source_id,
+                sequence=self._dl_sequence,
+                timestamp_ns=time.time_ns(),
+            ),
+            topic=msg.topic() or "",
+            partition=msg.partition() or 0,
+            offset=msg.offset() or 0,
             key=key if isinstance(key, bytes) else (key or "").encode(),
-            value=msg.value() or b"", reason=reason, consumer_group=self.group_id,
+            value=msg.value() or b"",
+            reason=reason,
+            consumer_group=self.group_id,
             original_timestamp_ms=msg.timestamp()[1],
         )
         self._deadletters.send(DEADLETTER.name, letter, key=msg.topic())
         self._deadletters.flush()  # on the dead-letter topic before the offset moves on
         self.stats.dead_lettered += 1
         self.stats.reasons.append(reason)
-        log.warning("dead-lettered %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+        log.warning(
+            "dead-lettered %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), reason
+        )
 
     def poll(self, timeout_s: float = 1.0) -> tuple[Topic, Message, KafkaMessage] | None:
         """Next decodable batch, or None on timeout. Dead-letters what does not decode."""
@@ -167,7 +198,9 @@ class BatchConsumer:
     def commit(self, msg: KafkaMessage) -> None:
         self._consumer.commit(message=msg, asynchronous=False)
 
-    def run(self, handler: Callable[[Topic, Message], None], should_stop: Callable[[], bool]) -> None:
+    def run(
+        self, handler: Callable[[Topic, Message], None], should_stop: Callable[[], bool]
+    ) -> None:
         """Hand each batch to `handler`, committing after it returns, until `should_stop()`."""
         while not should_stop():
             item = self.poll(0.5)

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from cgloop.config import settings
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cgloop.config import settings
-
-store_app = typer.Typer(help="The trace store (chDB embedded, or a ClickHouse server).",
-                        no_args_is_help=True)
+store_app = typer.Typer(
+    help="The trace store (chDB embedded, or a ClickHouse server).", no_args_is_help=True
+)
 _err = Console(stderr=True)
 
 
@@ -54,23 +54,30 @@ def serve_cmd(
     from cgloop.datasets.store.migrations import MigrationError
     from cgloop.datasets.store.server import serve
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         serve(path or _default_path(), host, port or settings().store_port, migrations)
     except MigrationError as exc:
         _err.print(f"[red]store: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as exc:
-        _err.print(f"[red]store: cannot serve on {host}:{port}: {escape(str(exc))}[/]", highlight=False)
+        _err.print(
+            f"[red]store: cannot serve on {host}:{port}: {escape(str(exc))}[/]", highlight=False
+        )
         raise typer.Exit(1) from None
 
 
 def query_cmd(
     sql: Annotated[str, typer.Argument(help="SQL to run; '-' reads it from stdin")],
     url: Annotated[str | None, typer.Option(help="store or ClickHouse server URL")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", "-f",
-                                            help="ClickHouse output format, e.g. CSV, JSONEachRow")] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", "-f", help="ClickHouse output format, e.g. CSV, JSONEachRow"),
+    ] = None,
 ) -> None:
     """Run SQL against the trace store (the embedded store server or a ClickHouse server)."""
     import clickhouse_connect
@@ -86,7 +93,11 @@ def query_cmd(
             return
         result = client.query(sql)
     except ClickHouseError as exc:
-        _err.print(f"[red]query failed against {target}: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+        _err.print(
+            f"[red]query failed against {target}: {escape(str(exc))}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(1) from None
     table = Table(*result.column_names)
     for row in result.result_rows:

@@ -8,13 +8,12 @@ import threading
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from cgloop.config import settings
 from cgloop.stack.preflight import PreflightError
 from cgloop.stack.stack import Stack, StackError, StackStatus
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 _out = Console()
 _err = Console(stderr=True)
@@ -23,7 +22,11 @@ _err = Console(stderr=True)
 def _print_status(status: StackStatus) -> None:
     table = Table("component", "state", "pid", "endpoint", "detail", title="cgloop stack")
     for c in status.components:
-        state = "[green]healthy[/]" if c.healthy else ("[yellow]unhealthy[/]" if c.running else "[dim]stopped[/]")
+        state = (
+            "[green]healthy[/]"
+            if c.healthy
+            else ("[yellow]unhealthy[/]" if c.running else "[dim]stopped[/]")
+        )
         table.add_row(c.name, state, str(c.pid or "-"), c.endpoint, c.detail)
     _out.print(table)
 
@@ -32,7 +35,7 @@ def _how_to_query() -> None:
     s = settings()
     _out.print(
         "\n[bold]Query it[/]\n"
-        f"  uv run cgloop query \"SELECT name FROM system.databases\"\n"
+        f'  uv run cgloop query "SELECT name FROM system.databases"\n'
         f"  curl '{s.store_http_url}/?query=SELECT+version()'\n"
         f"  python: clickhouse_connect.get_client(dsn='{s.store_http_url}')\n"
         f"  Kafka bootstrap: {s.bootstrap_servers}  (topics: cgloop.*.v1)\n"
@@ -41,7 +44,9 @@ def _how_to_query() -> None:
 
 
 def up(
-    attach: Annotated[bool, typer.Option(help="stay in the foreground; Ctrl-C stops the stack")] = False,
+    attach: Annotated[
+        bool, typer.Option(help="stay in the foreground; Ctrl-C stops the stack")
+    ] = False,
 ) -> None:
     """Start the embedded stack (Kafka broker + trace store); report it if it already runs."""
     stack = Stack(settings())

@@ -36,8 +36,9 @@ logger.started.level = INFO
 
 
 class KafkaBroker:
-    def __init__(self, state_dir: Path, cache_dir: Path, host: str, port: int,
-                 controller_port: int) -> None:
+    def __init__(
+        self, state_dir: Path, cache_dir: Path, host: str, port: int, controller_port: int
+    ) -> None:
         self.home = state_dir / "kafka"
         self.cache_dir = cache_dir
         self.host, self.port, self.controller_port = host, port, controller_port
@@ -53,38 +54,48 @@ class KafkaBroker:
 
     def server_properties(self) -> str:
         h = self.host
-        return "\n".join([
-            "# Written by cgloop (stack/kafka_broker.py); regenerated at every start.",
-            "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@{h}:{self.controller_port}",
-            f"listeners=PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{h}:{self.port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            f"log.dirs={self.home / 'data'}",
-            "num.partitions=1",
-            "auto.create.topics.enable=false",  # topics are created with explicit settings
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=6",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
-            "group.initial.rebalance.delay.ms=0",
-            "log.retention.check.interval.ms=60000",
-            "",
-        ])
+        return "\n".join(
+            [
+                "# Written by cgloop (stack/kafka_broker.py); regenerated at every start.",
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@{h}:{self.controller_port}",
+                f"listeners=PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
+                f"advertised.listeners=PLAINTEXT://{h}:{self.port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                f"log.dirs={self.home / 'data'}",
+                "num.partitions=1",
+                "auto.create.topics.enable=false",  # topics are created with explicit settings
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=6",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "share.coordinator.state.topic.replication.factor=1",
+                "share.coordinator.state.topic.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "log.retention.check.interval.ms=60000",
+                "",
+            ]
+        )
 
     def _java(self) -> list[str]:
         java = shutil.which("java")
         if java is None:
-            raise RuntimeError("Java is missing: Kafka needs a Java 17+ runtime (openjdk-17-jre-headless)")
-        return [java, *HEAP.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
-                f"-Dkafka.logs.dir={self.home / 'logs'}",
-                "-cp", f"{libs_dir(self.cache_dir)}/*"]
+            raise RuntimeError(
+                "Java is missing: Kafka needs a Java 17+ runtime (openjdk-17-jre-headless)"
+            )
+        return [
+            java,
+            *HEAP.split(),
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.home / 'logs'}",
+            "-cp",
+            f"{libs_dir(self.cache_dir)}/*",
+        ]
 
     def _format(self) -> None:
         """Format the KRaft log dir once (a restart keeps the data)."""
@@ -94,12 +105,25 @@ class KafkaBroker:
         if not cluster_id_file.is_file():
             # Kafka cluster ids are 16 random bytes in URL-safe base64 without padding.
             import base64
-            cluster_id_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
-        cmd = [*self._java(), "kafka.tools.StorageTool", "format", "--ignore-formatted",
-               "-t", cluster_id_file.read_text().strip(), "-c", str(self.config_file)]
+
+            cluster_id_file.write_text(
+                base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            )
+        cmd = [
+            *self._java(),
+            "kafka.tools.StorageTool",
+            "format",
+            "--ignore-formatted",
+            "-t",
+            cluster_id_file.read_text().strip(),
+            "-c",
+            str(self.config_file),
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
-            raise RuntimeError(f"formatting the Kafka log dir failed:\n{result.stdout}{result.stderr}")
+            raise RuntimeError(
+                f"formatting the Kafka log dir failed:\n{result.stdout}{result.stderr}"
+            )
 
     def start(self) -> int:
         if (pid := self.process.pid()) is not None:

@@ -39,17 +39,29 @@ def install(cache_dir: Path | None = None, quiet: bool = True) -> Path:
         return home
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise RuntimeError("Maven (mvn) is missing: install it (Debian package 'maven') to fetch Kafka")
+        raise RuntimeError(
+            "Maven (mvn) is missing: install it (Debian package 'maven') to fetch Kafka"
+        )
     home.mkdir(parents=True, exist_ok=True)
     (home / "pom.xml").write_text(pom_text())
     repo = (cache_dir or settings().cache_dir) / "m2"  # keep Maven's cache inside the project
-    cmd = [mvn, "-B", "-f", str(home / "pom.xml"), f"-Dmaven.repo.local={repo}",
-           "dependency:copy-dependencies", f"-DoutputDirectory={home / 'libs'}"]
+    cmd = [
+        mvn,
+        "-B",
+        "-f",
+        str(home / "pom.xml"),
+        f"-Dmaven.repo.local={repo}",
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={home / 'libs'}",
+    ]
     if quiet:
         cmd.insert(1, "-q")
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"fetching Kafka jars failed ({' '.join(cmd)}):\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+        raise RuntimeError(
+            f"fetching Kafka jars failed ({' '.join(cmd)}):\n"
+            f"{result.stdout[-3000:]}{result.stderr[-2000:]}"
+        )
     if not any((home / "libs").glob("kafka_2.13-*.jar")):
         raise RuntimeError(f"Maven finished but no kafka_2.13 jar is in {home / 'libs'}")
     (home / ".complete").write_text("ok\n")

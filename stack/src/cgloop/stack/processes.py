@@ -7,6 +7,7 @@ never mistaken for our process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -54,17 +55,29 @@ class ManagedProcess:
         self.pid_file.unlink(missing_ok=True)
         return None
 
-    def start(self, cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+    def start(
+        self, cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         if (pid := self.pid()) is not None:
             return pid
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
-            log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+            log.write(
+                f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode()
+            )
             log.flush()
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True)
-        self.pid_file.write_text(json.dumps({"pid": proc.pid, "start_ticks": _start_ticks(proc.pid),
-                                             "cmd": cmd}))
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(
+            json.dumps({"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "cmd": cmd})
+        )
         self._popen = proc  # keeps the child reapable while this process lives
         return proc.pid
 
@@ -84,19 +97,15 @@ class ManagedProcess:
         pid = self.pid()
         if pid is None:
             return False
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self._group_alive(pid):
             self._reap()
             time.sleep(0.1)
         if self._group_alive(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             while self._group_alive(pid):
                 self._reap()
                 time.sleep(0.05)

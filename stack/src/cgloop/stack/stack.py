@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import httpx
-
 from cgloop.bus.kafka import ensure_topics
 from cgloop.bus.topics import TOPICS
 from cgloop.config import Settings
@@ -62,8 +61,13 @@ class Stack:
         self.migrations_dir = settings.migrations_dir
         self.min_free_disk_mb = settings.min_free_disk_mb
         run_dir = settings.state_dir / "run"
-        self.kafka = KafkaBroker(settings.state_dir, settings.cache_dir, settings.host,
-                                 settings.kafka_port, settings.kafka_controller_port)
+        self.kafka = KafkaBroker(
+            settings.state_dir,
+            settings.cache_dir,
+            settings.host,
+            settings.kafka_port,
+            settings.kafka_controller_port,
+        )
         self.store = ManagedProcess("store", run_dir)
         self.store_path = settings.state_dir / "store"
         # With CGLOOP_KAFKA_BOOTSTRAP set, the stack uses that broker and starts none of its own.
@@ -81,8 +85,12 @@ class Stack:
                 preflight.check_java()
                 preflight.check_disk(s.state_dir, self.min_free_disk_mb)
                 preflight.check_port_free(s.host, s.kafka_port, "Kafka", "CGLOOP_KAFKA_PORT")
-                preflight.check_port_free(s.host, s.kafka_controller_port, "the Kafka controller",
-                                          "CGLOOP_KAFKA_CONTROLLER_PORT")
+                preflight.check_port_free(
+                    s.host,
+                    s.kafka_controller_port,
+                    "the Kafka controller",
+                    "CGLOOP_KAFKA_CONTROLLER_PORT",
+                )
                 if not kafka_install.is_installed(s.cache_dir):
                     progress("fetching Kafka broker jars (once)")
                     kafka_install.install(s.cache_dir)
@@ -99,7 +107,9 @@ class Stack:
                 progress("applying store migrations")
                 self._migrate()
                 progress(f"starting the store on http://{s.host}:{s.store_port}")
-                self.store.start(self._store_cmd("serve", "--host", s.host, "--port", str(s.store_port)))
+                self.store.start(
+                    self._store_cmd("serve", "--host", s.host, "--port", str(s.store_port))
+                )
                 started.append(self.store)
             self._wait_store()
         except BaseException:
@@ -109,13 +119,23 @@ class Stack:
         return self.status()
 
     def _store_cmd(self, *args: str) -> list[str]:
-        cmd = [sys.executable, "-m", "cgloop.cli.main", "store", args[0], "--path", str(self.store_path)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cgloop.cli.main",
+            "store",
+            args[0],
+            "--path",
+            str(self.store_path),
+        ]
         if self.migrations_dir:
             cmd += ["--migrations", str(self.migrations_dir)]
         return cmd + list(args[1:])
 
     def _migrate(self) -> None:
-        result = subprocess.run(self._store_cmd("migrate"), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            self._store_cmd("migrate"), capture_output=True, text=True, timeout=300
+        )
         if result.returncode != 0:
             message = (result.stderr.strip() or result.stdout.strip()).replace("\n", " ")
             raise StackError(message or f"store migrate exited with {result.returncode}")
@@ -126,35 +146,48 @@ class Stack:
         deadline = time.monotonic() + KAFKA_READY_TIMEOUT_S
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _silent})
         while time.monotonic() < deadline:
-            if not self.external_kafka and (self.kafka.process.exited() or self.kafka.process.pid() is None):
-                raise StackError(f"Kafka exited during start-up; last log lines:\n{self.kafka.process.log_tail()}")
+            if not self.external_kafka and (
+                self.kafka.process.exited() or self.kafka.process.pid() is None
+            ):
+                raise StackError(
+                    "Kafka exited during start-up; last log lines:\n"
+                    + self.kafka.process.log_tail()
+                )
             try:
                 admin.list_topics(timeout=2)
                 return
             except Exception:
                 time.sleep(0.5)
-        raise StackError(f"Kafka did not answer on {self.bootstrap} within {KAFKA_READY_TIMEOUT_S}s; "
-                         f"see {self.kafka.process.log_file}")
+        raise StackError(
+            f"Kafka did not answer on {self.bootstrap} within {KAFKA_READY_TIMEOUT_S}s; "
+            f"see {self.kafka.process.log_file}"
+        )
 
     def _wait_store(self) -> None:
         url = f"http://{self.settings.host}:{self.settings.store_port}/ping"
         deadline = time.monotonic() + STORE_READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.store.exited() or self.store.pid() is None:
-                raise StackError(f"the store exited during start-up; last log lines:\n{self.store.log_tail()}")
+                raise StackError(
+                    f"the store exited during start-up; last log lines:\n{self.store.log_tail()}"
+                )
             try:
                 if httpx.get(url, timeout=1).text == "Ok.\n":
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise StackError(f"the store did not answer on {url} within {STORE_READY_TIMEOUT_S}s; "
-                         f"see {self.store.log_file}")
+        raise StackError(
+            f"the store did not answer on {url} within {STORE_READY_TIMEOUT_S}s; "
+            f"see {self.store.log_file}"
+        )
 
     # --- down -------------------------------------------------------------------------------
     def down(self) -> list[str]:
         stopped = []
-        owned = [("store", self.store)] + ([] if self.external_kafka else [("kafka", self.kafka.process)])
+        owned = [("store", self.store)] + (
+            [] if self.external_kafka else [("kafka", self.kafka.process)]
+        )
         for name, proc in owned:
             if proc.stop():
                 stopped.append(name)
@@ -166,7 +199,9 @@ class Stack:
 
     def _kafka_status(self) -> ComponentStatus:
         pid = None if self.external_kafka else self.kafka.process.pid()
-        status = ComponentStatus("kafka", self.external_kafka or pid is not None, False, pid, self.bootstrap)
+        status = ComponentStatus(
+            "kafka", self.external_kafka or pid is not None, False, pid, self.bootstrap
+        )
         if not status.running:
             status.detail = "not running"
             return status
@@ -180,8 +215,12 @@ class Stack:
             return status
         missing = [t for t in TOPICS if t not in topics]
         status.healthy = not missing
-        status.detail = (f"missing topics: {', '.join(missing)}" if missing else
-                         f"{len(TOPICS)} cgloop topics, {sum(len(topics[t].partitions) for t in TOPICS)} partitions")
+        status.detail = (
+            f"missing topics: {', '.join(missing)}"
+            if missing
+            else f"{len(TOPICS)} cgloop topics, "
+            f"{sum(len(topics[t].partitions) for t in TOPICS)} partitions"
+        )
         return status
 
     def _store_status(self) -> ComponentStatus:
@@ -192,8 +231,12 @@ class Stack:
             status.detail = "not running"
             return status
         try:
-            reply = httpx.post(url, params={"default_format": "TSV"}, timeout=5,
-                               content="SELECT count(), max(version) FROM cgloop_meta.schema_migrations")
+            reply = httpx.post(
+                url,
+                params={"default_format": "TSV"},
+                timeout=5,
+                content="SELECT count(), max(version) FROM cgloop_meta.schema_migrations",
+            )
         except httpx.HTTPError as exc:
             status.detail = f"not answering: {exc}"
             return status

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from clickhouse_connect.driver.client import Client
-
 from cgloop.datasets.store.sql import split_statements
+from clickhouse_connect.driver.client import Client
 
 META_DB = "cgloop_meta"
 MIGRATIONS_TABLE = f"{META_DB}.schema_migrations"
@@ -93,7 +92,10 @@ def migrate(client: Client, directory: Path | None = None) -> list[str]:
                 raise MigrationError(
                     f"migration {directory / m.name} failed at statement {i}: {exc}"
                 ) from exc
-        client.insert(MIGRATIONS_TABLE, [[m.version, m.name, m.checksum]],
-                      column_names=["version", "name", "checksum"])
+        client.insert(
+            MIGRATIONS_TABLE,
+            [[m.version, m.name, m.checksum]],
+            column_names=["version", "name", "checksum"],
+        )
         newly.append(m.name)
     return newly

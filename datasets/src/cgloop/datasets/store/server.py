@@ -29,9 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import chdb
 import clickhouse_connect
-from clickhouse_connect.driver.client import Client
-
 from cgloop.datasets.store.migrations import migrate
+from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +60,23 @@ _STATUS_BY_CODE = {
 _CODE = re.compile(r"Code: (\d+)\.")
 # URL parameters that steer the transport, not the query; other settings are ignored (a
 # read-only endpoint does not take per-request engine settings).
-_TRANSPORT = {"query", "database", "default_format", "query_id", "session_id", "session_timeout",
-              "session_check", "compress", "decompress", "user", "password", "quota_key",
-              "wait_end_of_query", "enable_http_compression", "buffer_size"}
+_TRANSPORT = {
+    "query",
+    "database",
+    "default_format",
+    "query_id",
+    "session_id",
+    "session_timeout",
+    "session_check",
+    "compress",
+    "decompress",
+    "user",
+    "password",
+    "quota_key",
+    "wait_end_of_query",
+    "enable_http_compression",
+    "buffer_size",
+}
 
 
 @dataclass
@@ -96,8 +109,9 @@ class Store:
     def migrate(self, directory: Path | None = None) -> list[str]:
         return migrate(self.client, directory)
 
-    def read(self, sql: str, fmt: str, database: str | None = None,
-             params: dict[str, str] | None = None) -> QueryOutput:
+    def read(
+        self, sql: str, fmt: str, database: str | None = None, params: dict[str, str] | None = None
+    ) -> QueryOutput:
         with self._lock:
             try:
                 self._reader.query(f"USE `{(database or 'default').replace('`', '')}`")
@@ -121,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "cgloop-store"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
@@ -134,9 +148,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, code: int, message: str) -> None:
         text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"
-        self._send(status, (text.rstrip() + "\n").encode(),
-                   {"Content-Type": "text/plain; charset=UTF-8",
-                    "X-ClickHouse-Exception-Code": str(code)})
+        self._send(
+            status,
+            (text.rstrip() + "\n").encode(),
+            {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(code)},
+        )
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path in ("/", "/ping") and not urlsplit(self.path).query:
@@ -150,8 +166,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(HTTPStatus.BAD_REQUEST, 1000, "Content-Length is not a number")
         if length > MAX_QUERY_BYTES:
             self.close_connection = True
-            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, 1000,
-                               f"query body of {length} bytes exceeds {MAX_QUERY_BYTES}")
+            return self._error(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                1000,
+                f"query body of {length} bytes exceeds {MAX_QUERY_BYTES}",
+            )
         body = self.rfile.read(length)
         encoding = (self.headers.get("Content-Encoding") or "").lower()
         try:
@@ -160,8 +179,11 @@ class _Handler(BaseHTTPRequestHandler):
             elif encoding == "deflate":
                 body = zlib.decompress(body)
             elif encoding not in ("", "identity"):
-                return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, 1000,
-                                   f"Content-Encoding {encoding!r} is not supported (gzip, deflate)")
+                return self._error(
+                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                    1000,
+                    f"Content-Encoding {encoding!r} is not supported (gzip, deflate)",
+                )
         except (OSError, zlib.error) as exc:
             return self._error(HTTPStatus.BAD_REQUEST, 1000, f"cannot decompress body: {exc}")
         self._handle(body)
@@ -188,17 +210,25 @@ class _Handler(BaseHTTPRequestHandler):
         except QueryFailed as exc:
             status = _STATUS_BY_CODE.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
             return self._error(status, exc.code, str(exc))
-        summary = {"read_rows": str(out.rows_read), "read_bytes": str(out.bytes_read),
-                   "written_rows": "0", "written_bytes": "0",
-                   "elapsed_ns": str(int(out.elapsed_s * 1e9))}
-        self._send(HTTPStatus.OK, out.body, {
-            "Content-Type": _CONTENT_TYPES.get(fmt, "application/octet-stream"),
-            "X-ClickHouse-Format": fmt,
-            "X-ClickHouse-Query-Id": query_id,
-            "X-ClickHouse-Timezone": self.server.store.timezone,
-            "X-ClickHouse-Server-Display-Name": "cgloop-store",
-            "X-ClickHouse-Summary": json.dumps(summary),
-        })
+        summary = {
+            "read_rows": str(out.rows_read),
+            "read_bytes": str(out.bytes_read),
+            "written_rows": "0",
+            "written_bytes": "0",
+            "elapsed_ns": str(int(out.elapsed_s * 1e9)),
+        }
+        self._send(
+            HTTPStatus.OK,
+            out.body,
+            {
+                "Content-Type": _CONTENT_TYPES.get(fmt, "application/octet-stream"),
+                "X-ClickHouse-Format": fmt,
+                "X-ClickHouse-Query-Id": query_id,
+                "X-ClickHouse-Timezone": self.server.store.timezone,
+                "X-ClickHouse-Server-Display-Name": "cgloop-store",
+                "X-ClickHouse-Summary": json.dumps(summary),
+            },
+        )
 
 
 class StoreHTTPServer(ThreadingHTTPServer):
@@ -210,8 +240,13 @@ class StoreHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
 
 
-def serve(path: Path, host: str, port: int, migrations_dir: Path | None = None,
-          ready: threading.Event | None = None) -> None:
+def serve(
+    path: Path,
+    host: str,
+    port: int,
+    migrations_dir: Path | None = None,
+    ready: threading.Event | None = None,
+) -> None:
     """Open the store, apply pending migrations, serve until SIGTERM/SIGINT."""
     store = Store(path)
     try:
