@@ -23,13 +23,16 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from google.protobuf.message import Message
 
 log = logging.getLogger(__name__)
+# librdkafka's own log lines go through Python logging (warnings and up reach stderr by default)
+# instead of being printed raw by the C library.
+librdkafka_log = logging.getLogger("cgloop.bus.librdkafka")
 
 
 def ensure_topics(
     bootstrap: str, topics: Iterable[Topic] = TOPICS.values(), timeout_s: float = 30
 ) -> list[str]:
     """Create the missing topics with their partitions and retention; return the created names."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": librdkafka_log})
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [t for t in topics if t.name not in existing]
     if not wanted:
@@ -63,6 +66,7 @@ class BatchProducer:
                 "enable.idempotence": True,  # no duplicates from producer retries
                 "linger.ms": 5,
                 "compression.type": "lz4",
+                "logger": librdkafka_log,
                 **config,
             }
         )
@@ -138,6 +142,7 @@ class BatchConsumer:
                 "group.id": group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                "logger": librdkafka_log,
                 **config,
             }
         )
