@@ -17,6 +17,12 @@ apt_packages=(
   libcurl4-openssl-dev libssl-dev cmake
   iproute2 procps
 )
+# Each component may list more Debian packages in scripts/bootstrap.d/<component>.apt (one a line,
+# '#' comments), so components never edit this file to add theirs.
+for f in scripts/bootstrap.d/*.apt; do
+  [ -e "$f" ] || continue
+  while read -r p _; do [[ -z "$p" || "$p" == \#* ]] || apt_packages+=("$p"); done <"$f"
+done
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -60,5 +66,12 @@ fi
 command -v cargo >/dev/null || { echo "bootstrap: cargo is missing (install Rust with rustup)" >&2; exit 1; }
 log "rust: cargo build --workspace"
 cargo build --workspace --quiet --locked
+
+# --- Component steps: scripts/bootstrap.d/<component>.sh, in name order, each idempotent -------
+for f in scripts/bootstrap.d/*.sh; do
+  [ -e "$f" ] || continue
+  log "step: ${f#scripts/}"
+  bash "$f"
+done
 
 log "ready"

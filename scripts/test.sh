@@ -13,3 +13,9 @@ step "cargo test --workspace"
 cargo test --workspace --quiet
 step "pytest"
 uv run --quiet pytest "$@"
+# Component steps (bounded fuzzing, …): scripts/test.d/<component>.sh, in name order.
+for f in scripts/test.d/*.sh; do
+  [ -e "$f" ] || continue
+  step "${f#scripts/}"
+  bash "$f"
+done

@@ -1,0 +1,1 @@
+"""Actuators: the ONOS driver and node-agent clients"""

@@ -1,0 +1,1 @@
+"""Features, cloud-gaming flow classifier, SLO and abuse detectors, streaming worker"""

@@ -1,0 +1,1 @@
+"""Policy engine: declarative remediation with guards, verification, rollback and planners"""

@@ -1,0 +1,10 @@
+"""`cgloop policy …` commands."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(help="Policy engine: declarative remediation with guards, verification, rollback and planners", no_args_is_help=True)
+    app.add_typer(sub, name="policy")
