@@ -6,5 +6,8 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    sub = typer.Typer(help="Features, cloud-gaming flow classifier, SLO and abuse detectors, streaming worker", no_args_is_help=True)
+    sub = typer.Typer(
+        help="Features, cloud-gaming flow classifier, SLO and abuse detectors, streaming worker",
+        no_args_is_help=True,
+    )
     app.add_typer(sub, name="analytics")

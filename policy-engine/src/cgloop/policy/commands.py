@@ -6,5 +6,8 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    sub = typer.Typer(help="Policy engine: declarative remediation with guards, verification, rollback and planners", no_args_is_help=True)
+    sub = typer.Typer(
+        help="Policy engine: policies, guards, verification, rollback, planners",
+        no_args_is_help=True,
+    )
     app.add_typer(sub, name="policy")
