@@ -1,0 +1,1 @@
+"""Planners used by global policies: pure functions, each citing the source it implements."""
