@@ -1,0 +1,1 @@
+"""The sink: Kafka topics -> the trace store, at least once, without double counting."""
