@@ -1,0 +1,566 @@
+"""The policy engine: detections in, guarded and verified actions out.
+
+Decision (`on_detection`): match policies, apply hysteresis, resolve the target, derive a
+deterministic action id (policy, triggering detection, target), check guards. Execution:
+PROPOSED -> REFUSED | APPLIED -> VERIFIED | ROLLED_BACK, or FAILED / EXPIRED; approval mode
+parks the action as PROPOSED until an operator approves it. Every state change is journaled
+before it is announced, and announced as an ActionEvent (cgloop.actions.v1).
+
+Loop timing: the detection's window end (telemetry time) and header timestamp (detection
+time), the action's header timestamp (decision), the result's applied_ns and verified_ns are
+all on the records; `detection_to_apply_ns` is the loop latency up to the network change.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from cgloop.contracts import SCHEMA_VERSION
+from cgloop.policy import detections as dets
+from cgloop.policy.actuators import Actuator, ActuatorError
+from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
+from cgloop.policy.journal import FINAL, Entry, Journal
+from cgloop.policy.model import Comparator, Mode, Operation, Policy, Subject, Verdict
+from cgloop.policy.telemetry import TelemetryReader
+from cgloop.v1 import action_pb2 as apb
+from cgloop.v1 import detection_pb2 as dpb
+from cgloop.v1.common_pb2 import RecordHeader
+
+log = logging.getLogger(__name__)
+
+ID_NAMESPACE = uuid.UUID("6b1f3c2e-4a57-4d0e-9a3c-5c1a0e7f2b90")
+OPERATION = {op: apb.ActionOperation.Value(f"ACTION_OPERATION_{op.name}") for op in Operation}
+OPERATION_NAME = {v: k for k, v in OPERATION.items()}
+COMPARATOR = {c: apb.Comparator.Value(f"COMPARATOR_{c.name}") for c in Comparator}
+LEVEL = {"micro": apb.ACTION_LEVEL_MICRO, "global": apb.ACTION_LEVEL_GLOBAL}
+VERDICT = {Verdict.WORSE: apb.VERDICT_WORSE, Verdict.NO_EFFECT: apb.VERDICT_NO_EFFECT}
+
+
+class MissingLabel(ValueError):
+    pass
+
+
+def _param_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass
+class EngineStats:
+    detections: int = 0
+    duplicates: int = 0
+    unmatched: int = 0
+    pending_trigger: int = 0
+    refused: int = 0
+    applied: int = 0
+    verified: int = 0
+    rolled_back: int = 0
+    failed: int = 0
+    expired: int = 0
+    skipped_known: int = 0
+
+
+@dataclass
+class _Trigger:
+    count: int = 0
+    last_ns: int = 0
+
+
+@dataclass
+class Engine:
+    policies: list[Policy]
+    actuator: Actuator
+    telemetry: TelemetryReader | None = None
+    journal: Journal = field(default_factory=lambda: Journal(None))
+    clock: Callable[[], int] = time.time_ns
+    budget: Budget = field(default_factory=Budget)
+    source_id: str = "policy-engine"
+    # Operators have this long to approve an action in approval mode before it expires.
+    approval_timeout_s: float = 600.0
+    remember_detections: int = 100_000
+
+    def __post_init__(self) -> None:
+        self.guards = GuardBook(budget=self.budget)
+        self.by_id = {p.id: p for p in self.policies}
+        self.stats = EngineStats()
+        self._triggers: dict[tuple[str, str], _Trigger] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._outbox: list[apb.ActionEvent] = []
+        self._due: list[tuple[int, str]] = []  # (verify at ns, action id)
+        self._sequence = 0
+        self._resume()
+
+    # --- records --------------------------------------------------------------------------
+
+    def _header(self, now: int) -> RecordHeader:
+        self._sequence += 1
+        return RecordHeader(
+            schema_version=SCHEMA_VERSION,
+            source_id=self.source_id,
+            sequence=self._sequence,
+            timestamp_ns=now,
+        )
+
+    def _emit_action(self, action: apb.Action) -> None:
+        self._outbox.append(apb.ActionEvent(action=action))
+
+    def _result(
+        self, entry: Entry, state: int, message: str = "", **fields: object
+    ) -> apb.ActionResult:
+        now = self.clock()
+        prev = entry.result
+        result = apb.ActionResult(
+            header=self._header(now),
+            action_id=entry.action.id,
+            state=state,
+            message=message,
+            applied_ns=prev.applied_ns if prev else 0,
+            apply_latency_ns=prev.apply_latency_ns if prev else 0,
+            detection_to_apply_ns=prev.detection_to_apply_ns if prev else 0,
+        )
+        if prev is not None:
+            result.previous_parameters.update(prev.previous_parameters)
+        for k, v in fields.items():
+            if k == "previous_parameters":
+                result.previous_parameters.clear()
+                result.previous_parameters.update(v)  # type: ignore[arg-type]
+            elif k == "verification":
+                result.verification.CopyFrom(v)  # type: ignore[arg-type]
+            else:
+                setattr(result, k, v)
+        entry.result = result
+        entry.awaiting_approval = False
+        self.journal.record(entry)
+        self._outbox.append(apb.ActionEvent(result=result))
+        if state in FINAL:
+            self.guards.finished(entry.target_key, entry.action.id, now)
+        return result
+
+    def drain(self) -> list[apb.ActionEvent]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    # --- decision -------------------------------------------------------------------------
+
+    def handle(self, batch: dpb.DetectionBatch) -> list[apb.ActionEvent]:
+        for det in batch.records:
+            self.on_detection(det)
+        self.tick()
+        return self.drain()
+
+    def _matches(self, p: Policy, det: dpb.Detection, subject: Subject | None) -> bool | None:
+        """True: matches; False: same kind and subject type but below the bar; None: unrelated."""
+        kind = dets.kind_of(det)
+        if kind is None or kind not in p.match.kinds:
+            return None
+        if p.match.subject is not Subject.ANY and subject is not p.match.subject:
+            return None
+        for k, v in p.match.labels.items():
+            if k not in det.labels or (v != "*" and det.labels[k] != v):
+                return None
+        return (
+            dets.severity_rank(det) >= p.match.severity_at_least.rank
+            and det.confidence >= p.match.min_confidence
+        )
+
+    def on_detection(self, det: dpb.Detection) -> None:
+        self.stats.detections += 1
+        if det.id and det.id in self._seen:
+            self.stats.duplicates += 1  # Kafka redelivery: counted once
+            return
+        if det.id:
+            self._seen[det.id] = None
+            if len(self._seen) > self.remember_detections:
+                self._seen.popitem(last=False)
+        subject = dets.subject_of(det)
+        skey = dets.subject_key(det)
+        now = self.clock()
+        acted = False
+        for p in self.policies:
+            if not p.enabled:
+                continue
+            m = self._matches(p, det, subject)
+            if m is None:
+                continue
+            trig = self._triggers.setdefault((p.id, skey), _Trigger())
+            if not m:
+                trig.count = 0  # recovered below the bar: hysteresis starts again
+                continue
+            if trig.count and now - trig.last_ns > p.trigger.within * NS:
+                trig.count = 0
+            trig.count += 1
+            trig.last_ns = now
+            if trig.count < p.trigger.consecutive:
+                self.stats.pending_trigger += 1
+                continue
+            trig.count = 0
+            acted = True
+            self._decide(p, det, skey, now)
+        if not acted:
+            self.stats.unmatched += 1
+
+    def _resolve(self, template: str | None, det: dpb.Detection) -> str:
+        if not template:
+            return ""
+        out = template.replace("{subject}", dets.subject_value(det))
+        while "{label:" in out:
+            start = out.index("{label:")
+            end = out.index("}", start)
+            name = out[start + 7 : end]
+            if name not in det.labels:
+                raise MissingLabel(f"the detection has no label {name!r}")
+            out = out[:start] + det.labels[name] + out[end + 1 :]
+        return out
+
+    def _target(self, p: Policy, det: dpb.Detection) -> apb.ActionTarget:
+        t = p.action.target
+        target = apb.ActionTarget(
+            node_id=self._resolve(t.node_id, det),
+            interface_name=self._resolve(t.interface_name, det),
+            device_id=self._resolve(t.device_id, det),
+        )
+        which = det.WhichOneof("subject")
+        if which == "flow":
+            target.flow.CopyFrom(det.flow)
+        elif which == "queue":
+            target.node_id = target.node_id or det.queue.node_id
+            target.interface_name = target.interface_name or det.queue.interface_name
+            target.queue_id = det.queue.queue_id
+        elif which == "node_id":
+            target.node_id = target.node_id or det.node_id
+        if t.queue_id is not None:
+            target.queue_id = t.queue_id
+        return target
+
+    @staticmethod
+    def target_key(op: Operation, target: apb.ActionTarget) -> str:
+        parts = [f"node={target.node_id}"] if target.node_id else []
+        if target.device_id:
+            parts.append(f"device={target.device_id}")
+        if op in (Operation.REPRIORITISE_FLOW,) and target.HasField("flow"):
+            parts.append(f"flow={dets.flow_text(target.flow)}")
+        if op in (Operation.SET_CLASS_RATE, Operation.REPRIORITISE_FLOW) and target.interface_name:
+            parts.append(f"if={target.interface_name}")
+        if op in (Operation.ONOS_QUEUE,):
+            parts.append(f"queue={target.queue_id}")
+        return ";".join(parts) or "global"
+
+    def _decide(self, p: Policy, det: dpb.Detection, skey: str, now: int) -> None:
+        op = p.action.operation
+        params = {k: _param_text(v) for k, v in p.action.parameters.items()}
+        action = apb.Action(
+            header=self._header(now),
+            reason_detection_ids=[det.id] if det.id else [],
+            policy_id=p.id,
+            level=LEVEL[p.level.value],
+            operation=OPERATION[op],
+            deadline_ns=now + int(p.action.deadline * NS),
+            state=apb.ACTION_STATE_PROPOSED,
+            dry_run=p.mode is Mode.DRY_RUN,
+        )
+        action.parameters.update({k: v for k, v in params.items() if k and v})
+        if p.mode is Mode.APPROVE:
+            action.deadline_ns += int(self.approval_timeout_s * NS)
+        if p.action.expect is not None:
+            e = p.action.expect
+            action.expected_effect.CopyFrom(
+                apb.ExpectedEffect(
+                    metric=e.metric,
+                    comparator=COMPARATOR[e.comparator],
+                    value=e.value,
+                    within_ns=int(e.within * NS),
+                )
+            )
+        try:
+            action.target.CopyFrom(self._target(p, det))
+            tkey = self.target_key(op, action.target)
+        except MissingLabel as exc:
+            tkey = skey
+            refusal: Refusal | None = Refusal("target", f"{exc}; cannot resolve {p.id}'s target")
+        else:
+            refusal = None
+        action.id = str(uuid.uuid5(ID_NAMESPACE, f"{p.id}|{det.id}|{tkey}"))
+        if self.journal.get(action.id) is not None:
+            self.stats.skipped_known += 1  # decided before a restart: never twice
+            return
+        proposal = Proposal(
+            action.id,
+            p,
+            op,
+            tkey,
+            dict(action.parameters),
+            node_id=action.target.node_id,
+            addresses=tuple(
+                dets.addr_text(a)
+                for a in (action.target.flow.src_addr, action.target.flow.dst_addr)
+                if a
+            ),
+            device_id=action.target.device_id,
+        )
+        if refusal is None:
+            refusal = self.guards.check(proposal, now)
+        if refusal is not None:
+            self.stats.refused += 1
+            action.state = apb.ACTION_STATE_REFUSED
+            entry = Entry(action, None, tkey)
+            self.journal.record(entry)
+            self._emit_action(action)
+            self._result(entry, apb.ACTION_STATE_REFUSED, str(refusal))
+            return
+        self.guards.started(proposal, now)
+        entry = Entry(action, None, tkey, awaiting_approval=p.mode is Mode.APPROVE)
+        self.journal.record(entry)
+        self._emit_action(action)
+        if p.mode is Mode.APPROVE:
+            return
+        self._apply(entry, det.window_end_ns)
+
+    # --- execution ------------------------------------------------------------------------
+
+    def _apply(self, entry: Entry, detection_end_ns: int = 0) -> None:
+        action = entry.action
+        if self.clock() > action.deadline_ns:
+            self.stats.expired += 1
+            self._result(entry, apb.ACTION_STATE_EXPIRED, "deadline passed before applying")
+            return
+        try:
+            applied = self.actuator.apply(action)
+        except ActuatorError as exc:
+            self.stats.failed += 1
+            self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+            return
+        self.stats.applied += 1
+        loop = applied.applied_ns - detection_end_ns if detection_end_ns else 0
+        note = "replayed by the actuator (already applied)" if applied.replayed else applied.message
+        if action.dry_run:
+            note = f"dry run: {note}"
+        self._result(
+            entry,
+            apb.ACTION_STATE_APPLIED,
+            note,
+            applied_ns=applied.applied_ns,
+            apply_latency_ns=applied.apply_latency_ns,
+            detection_to_apply_ns=max(0, loop),
+            previous_parameters={k: v for k, v in applied.previous.items() if k and v},
+        )
+        self._schedule(entry)
+
+    def _schedule(self, entry: Entry) -> None:
+        action = entry.action
+        if action.dry_run or not action.HasField("expected_effect") or self.telemetry is None:
+            why = (
+                "dry run"
+                if action.dry_run
+                else "no expected effect"
+                if not action.HasField("expected_effect")
+                else "no telemetry reader"
+            )
+            self.stats.verified += 1
+            self._result(
+                entry,
+                apb.ACTION_STATE_VERIFIED,
+                f"not checked: {why}",
+                verified_ns=self.clock(),
+                verification=apb.Verification(verdict=apb.VERDICT_NOT_CHECKED, detail=why),
+            )
+            return
+        assert entry.result is not None
+        due = entry.result.applied_ns + action.expected_effect.within_ns
+        heapq.heappush(self._due, (due, action.id))
+
+    def tick(self) -> list[apb.ActionEvent]:
+        """Verify what is due, expire stale approvals; returns nothing (events go to drain)."""
+        now = self.clock()
+        while self._due and self._due[0][0] <= now:
+            _, action_id = heapq.heappop(self._due)
+            entry = self.journal.get(action_id)
+            if entry is not None and entry.state == apb.ACTION_STATE_APPLIED:
+                self._verify(entry)
+        for entry in self.journal.open_entries():
+            if entry.awaiting_approval and now > entry.action.deadline_ns:
+                self.stats.expired += 1
+                self._result(entry, apb.ACTION_STATE_EXPIRED, "not approved before its deadline")
+        return []
+
+    def _verify(self, entry: Entry) -> None:
+        assert self.telemetry is not None and entry.result is not None
+        action = entry.action
+        e = action.expected_effect
+        policy = self.by_id.get(action.policy_id)
+        expect = policy.action.expect if policy else None
+        baseline_ns = int((expect.baseline_window if expect else 2.0) * NS)
+        tolerance = expect.worse_tolerance if expect else 0.1
+        rollback_on = {VERDICT[v] for v in policy.action.rollback_on} if policy else set()
+        applied = entry.result.applied_ns
+        before = self.telemetry.read(e.metric, action, applied - baseline_ns, applied)
+        after = self.telemetry.read(e.metric, action, applied, applied + e.within_ns)
+        v = apb.Verification(metric=e.metric)
+        if before is not None:
+            v.before_value = before.value
+            if before.latency is not None:
+                v.latency_before.CopyFrom(before.latency)
+        if after is None:
+            v.verdict = apb.VERDICT_NOT_CHECKED
+            v.detail = f"no {e.metric} samples after the action"
+        else:
+            v.after_value = after.value
+            if after.latency is not None:
+                v.latency_after.CopyFrom(after.latency)
+            lower_is_better = e.comparator in (
+                apb.COMPARATOR_LESS_THAN,
+                apb.COMPARATOR_LESS_OR_EQUAL,
+            )
+            ok = {
+                apb.COMPARATOR_LESS_THAN: after.value < e.value,
+                apb.COMPARATOR_LESS_OR_EQUAL: after.value <= e.value,
+                apb.COMPARATOR_GREATER_THAN: after.value > e.value,
+                apb.COMPARATOR_GREATER_OR_EQUAL: after.value >= e.value,
+            }.get(e.comparator, False)
+            worse = before is not None and (
+                after.value > before.value * (1 + tolerance)
+                if lower_is_better
+                else after.value < before.value * (1 - tolerance)
+            )
+            v.verdict = (
+                apb.VERDICT_IMPROVED
+                if ok
+                else apb.VERDICT_WORSE
+                if worse
+                else apb.VERDICT_NO_EFFECT
+            )
+            b = f"{before.value:g}" if before is not None else "n/a"
+            v.detail = f"{e.metric}: before {b}, after {after.value:g}, expected {e.value:g}"
+        if v.verdict in rollback_on:
+            self._rollback(entry, v)
+            return
+        self.stats.verified += 1
+        self._result(
+            entry,
+            apb.ACTION_STATE_VERIFIED,
+            v.detail,
+            verified_ns=self.clock(),
+            verification=v,
+        )
+
+    def _rollback(self, entry: Entry, v: apb.Verification) -> None:
+        assert entry.result is not None
+        original = entry.action
+        rb_id = str(uuid.uuid5(ID_NAMESPACE, f"{original.id}|rollback"))
+        previous = dict(entry.result.previous_parameters)
+        now = self.clock()
+        rb = apb.Action(
+            header=self._header(now),
+            id=rb_id,
+            reason_detection_ids=list(original.reason_detection_ids),
+            policy_id=original.policy_id,
+            level=original.level,
+            target=original.target,
+            operation=original.operation,
+            deadline_ns=now + 5 * NS,
+            state=apb.ACTION_STATE_PROPOSED,
+            rollback_of_action_id=original.id,
+        )
+        rb.parameters.update(previous)
+        rb_entry = Entry(rb, None, entry.target_key)
+        self.journal.record(rb_entry)
+        self._emit_action(rb)
+        why = apb.Verdict.Name(v.verdict).removeprefix("VERDICT_").lower()
+        try:
+            applied = self.actuator.rollback(original, rb_id, previous)
+        except ActuatorError as exc:
+            self.stats.failed += 1
+            self._result(rb_entry, apb.ACTION_STATE_FAILED, str(exc))
+            self._result(
+                entry,
+                apb.ACTION_STATE_FAILED,
+                f"{why}, and the rollback failed: {exc}",
+                verified_ns=now,
+                verification=v,
+            )
+            return
+        self._result(
+            rb_entry,
+            apb.ACTION_STATE_VERIFIED,
+            f"rollback of {original.id}",
+            applied_ns=applied.applied_ns,
+            apply_latency_ns=applied.apply_latency_ns,
+            verified_ns=now,
+            verification=apb.Verification(verdict=apb.VERDICT_NOT_CHECKED, detail="rollback"),
+        )
+        self.stats.rolled_back += 1
+        self._result(
+            entry,
+            apb.ACTION_STATE_ROLLED_BACK,
+            f"rolled back ({why}): {v.detail}",
+            verified_ns=now,
+            verification=v,
+        )
+
+    # --- approval -------------------------------------------------------------------------
+
+    def pending_approvals(self) -> list[apb.Action]:
+        return [e.action for e in self.journal.open_entries() if e.awaiting_approval]
+
+    def approve(self, action_id: str) -> None:
+        entry = self.journal.get(action_id)
+        if entry is None or not entry.awaiting_approval:
+            raise KeyError(f"no action {action_id} awaiting approval")
+        entry.awaiting_approval = False
+        self._apply(entry)
+
+    def reject(self, action_id: str, reason: str = "rejected by an operator") -> None:
+        entry = self.journal.get(action_id)
+        if entry is None or not entry.awaiting_approval:
+            raise KeyError(f"no action {action_id} awaiting approval")
+        self.stats.refused += 1
+        self._result(entry, apb.ACTION_STATE_REFUSED, f"guard approval: {reason}")
+
+    # --- restart --------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        """Rebuild guard state and finish what a previous run left open."""
+        for action_id in self.journal.order:
+            entry = self.journal.entries[action_id]
+            self._sequence = max(
+                self._sequence,
+                entry.action.header.sequence,
+                entry.result.header.sequence if entry.result else 0,
+            )
+            p = self.by_id.get(entry.action.policy_id)
+            if entry.action.rollback_of_action_id or entry.action.state == apb.ACTION_STATE_REFUSED:
+                continue
+            op = OPERATION_NAME.get(entry.action.operation)
+            if p is not None and op is not None:
+                self.guards.started(
+                    Proposal(action_id, p, op, entry.target_key, dict(entry.action.parameters)),
+                    entry.action.header.timestamp_ns,
+                )
+            if entry.state in FINAL and entry.result is not None:
+                self.guards.finished(entry.target_key, action_id, entry.result.header.timestamp_ns)
+        for entry in list(self.journal.open_entries()):
+            if entry.awaiting_approval:
+                continue
+            if entry.state == apb.ACTION_STATE_PROPOSED:
+                # Crashed between deciding and applying: the actuator's idempotency key makes
+                # a second apply a replay if the first one did reach it.
+                self._apply(entry)
+            elif entry.state == apb.ACTION_STATE_APPLIED:
+                self._schedule(entry)
+
+
+def events_by_key(events: Iterable[apb.ActionEvent]) -> dict[str, apb.ActionBatch]:
+    """Group events into batches keyed by action id (one action's events stay in order)."""
+    out: dict[str, apb.ActionBatch] = {}
+    for ev in events:
+        key = ev.action.id if ev.WhichOneof("event") == "action" else ev.result.action_id
+        out.setdefault(key, apb.ActionBatch()).events.append(ev)
+    return out

@@ -1,0 +1,396 @@
+"""Policies: the YAML a NOC writes, validated by pydantic against the published JSON Schema.
+
+A policy file holds one policy (a mapping with `id`) or several (`policies: [...]`). Errors
+name the file, the line and the field (`PolicyError`), so a bad policy is rejected with a
+message an operator can act on; a directory of policies is loaded as one set with unique ids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"{value!r} is not a duration like 250ms, 2s, 1m")
+        return float(m.group(1)) * _UNITS[m.group(2)]
+    return value
+
+
+# Durations are written "250ms", "2s", "1m" (or a number of seconds) and held in seconds.
+Duration = Annotated[
+    float,
+    BeforeValidator(_seconds),
+    Field(ge=0),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": _DURATION.pattern},
+                {"type": "number", "minimum": 0},
+            ],
+            "description": "a duration: 250ms, 2s, 1m, or a number of seconds",
+        }
+    ),
+]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Operation(StrEnum):
+    """Mirrors cgloop.v1.ActionOperation."""
+
+    REPRIORITISE_FLOW = "reprioritise_flow"
+    SET_CLASS_RATE = "set_class_rate"
+    SET_CHAIN = "set_chain"
+    SET_POWER_POLICY = "set_power_policy"
+    ONOS_FLOW_RULE = "onos_flow_rule"
+    ONOS_QUEUE = "onos_queue"
+    NOTIFY = "notify"
+
+
+class Level(StrEnum):
+    MICRO = "micro"  # executed by the node agent directly (MOSAICO §3.2)
+    GLOBAL = "global"  # placement, chains across nodes, ONOS
+
+
+class Mode(StrEnum):
+    ENFORCE = "enforce"
+    DRY_RUN = "dry_run"  # decide and record, change nothing (actuators get dry_run=true)
+    APPROVE = "approve"  # wait for an operator's approval before applying
+
+
+class Kind(StrEnum):
+    """cgloop.v1.DetectionKind without its prefix, lower case."""
+
+    SLO_LATENCY = "slo_latency"
+    SLO_JITTER = "slo_jitter"
+    SLO_LOSS = "slo_loss"
+    SLO_THROUGHPUT = "slo_throughput"
+    L4S_UNRESPONSIVE_ECN = "l4s_unresponsive_ecn"
+    L4S_MICROBURST = "l4s_microburst"
+    CLASSIC_QUEUE_BURST = "classic_queue_burst"
+    GAMING_FLOW_CLASSIFIED = "gaming_flow_classified"
+    NODE_OVERLOAD = "node_overload"
+    FUNCTION_OVERLOAD = "function_overload"
+    QUEUE_CONGESTION = "queue_congestion"
+    PATH_CHANGE = "path_change"
+    PACKET_DROPS = "packet_drops"
+    TELEMETRY_GAP = "telemetry_gap"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    MINOR = "minor"
+    MAJOR = "major"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(Severity).index(self) + 1  # same numbers as cgloop.v1.Severity
+
+
+class Subject(StrEnum):
+    ANY = "any"
+    FLOW = "flow"
+    QUEUE = "queue"
+    NODE = "node"
+    FUNCTION = "function"
+    LINK = "link"
+
+
+class Match(Strict):
+    """Which detections a policy acts on; every given condition must hold."""
+
+    kinds: list[Kind] = Field(min_length=1)
+    severity_at_least: Severity = Severity.WARNING
+    subject: Subject = Subject.ANY
+    # Label equality; the value "*" only requires the label to be present.
+    labels: dict[str, str] = Field(default_factory=dict)
+    min_confidence: float = Field(default=0.0, ge=0, le=1)
+
+
+class Trigger(Strict):
+    """Hysteresis: act only after `consecutive` matching detections of the same subject, each
+    within `within` of the previous; a detection of the same subject and kind that does not
+    match (it has recovered below the severity) starts the count again."""
+
+    consecutive: int = Field(default=1, ge=1)
+    within: Duration = 10.0
+
+
+class Comparator(StrEnum):
+    LESS_THAN = "less_than"
+    LESS_OR_EQUAL = "less_or_equal"
+    GREATER_THAN = "greater_than"
+    GREATER_OR_EQUAL = "greater_or_equal"
+
+
+class Expect(Strict):
+    """What the action must achieve; verification reads the metric after `within`."""
+
+    metric: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")  # e.g. probe.p99_rtt_ns
+    comparator: Comparator = Comparator.LESS_THAN
+    value: float
+    within: Duration = 2.0
+    # Window read before the action as the baseline, and the relative change that counts as
+    # "worse" (after worse than before by more than this fraction).
+    baseline_window: Duration = 2.0
+    worse_tolerance: float = Field(default=0.1, ge=0)
+
+
+class Verdict(StrEnum):
+    WORSE = "worse"
+    NO_EFFECT = "no_effect"
+
+
+class Bound(Strict):
+    min: float | None = None
+    max: float | None = None
+
+
+class Frequency(Strict):
+    """ONAP's frequency limiter: at most `limit` actions per operation and target in `window`."""
+
+    limit: int = Field(ge=1)
+    window: Duration
+
+
+class Blacklist(Strict):
+    node_ids: list[str] = Field(default_factory=list)
+    addresses: list[str] = Field(default_factory=list)  # textual IPs of flow endpoints
+    device_ids: list[str] = Field(default_factory=list)
+
+
+class Guards(Strict):
+    hold_time: Duration = 5.0  # min time between two actions of this policy on one target
+    cooldown: Duration = 0.0  # min time after any action on the target ended (verified/rolled back)
+    frequency: Frequency | None = None
+    bounds: dict[str, Bound] = Field(default_factory=dict)  # parameter -> min/max
+    blacklist: Blacklist = Field(default_factory=Blacklist)
+    # Coordination: while this policy's action is in flight or holding on a target, these
+    # operations are refused on the same target (ONAP's "first blocks second").
+    blocks: list[Operation] = Field(default_factory=list)
+
+
+# Where the action applies; "{label:NAME}" takes a detection label, "{subject}" its subject.
+TEMPLATE = r"^([^{}]|\{label:[A-Za-z0-9_.-]+\}|\{subject\})*$"
+
+
+class Target(Strict):
+    node_id: str | None = Field(default=None, pattern=TEMPLATE)
+    interface_name: str | None = Field(default=None, pattern=TEMPLATE)
+    device_id: str | None = Field(default=None, pattern=TEMPLATE)
+    queue_id: int | None = Field(default=None, ge=0)
+
+
+class ActionSpec(Strict):
+    operation: Operation
+    target: Target = Field(default_factory=Target)
+    parameters: dict[str, str | int | float | bool | list[str | int]] = Field(default_factory=dict)
+    deadline: Duration = 0.5  # EXPIRED when not applied this long after the detection
+    expect: Expect | None = None
+    rollback_on: list[Verdict] = Field(default_factory=lambda: [Verdict.WORSE])
+
+    @model_validator(mode="after")
+    def _parameters_fit_operation(self) -> ActionSpec:
+        required = REQUIRED_PARAMETERS[self.operation]
+        missing = [p for p in required if p not in self.parameters]
+        if missing:
+            raise ValueError(
+                f"operation {self.operation.value} needs parameters: {', '.join(missing)}"
+            )
+        allowed = required | OPTIONAL_PARAMETERS[self.operation]
+        extra = sorted(set(self.parameters) - allowed)
+        if extra:
+            raise ValueError(
+                f"operation {self.operation.value} does not take parameters: {', '.join(extra)}"
+                f" (it takes {', '.join(sorted(allowed)) or 'none'})"
+            )
+        return self
+
+
+REQUIRED_PARAMETERS: dict[Operation, set[str]] = {
+    Operation.REPRIORITISE_FLOW: {"class_id"},
+    Operation.SET_CLASS_RATE: {"class_id", "rate_bps"},
+    Operation.SET_CHAIN: {"chain_id", "traffic_class", "functions"},
+    Operation.SET_POWER_POLICY: {"cores", "min_frequency_khz", "max_frequency_khz"},
+    Operation.ONOS_FLOW_RULE: {"priority"},
+    Operation.ONOS_QUEUE: {"port", "queue_id"},
+    Operation.NOTIFY: set(),
+}
+OPTIONAL_PARAMETERS: dict[Operation, set[str]] = {
+    Operation.REPRIORITISE_FLOW: {"rewrite_dscp"},
+    Operation.SET_CLASS_RATE: {"ceil_bps"},
+    # functions: names from the CALVIN table or name:processing_us; base_rtt_us for admission
+    Operation.SET_CHAIN: {"base_rtt_us", "free_cores"},
+    Operation.SET_POWER_POLICY: {"governor", "xman_mode", "latency_critical"},
+    Operation.ONOS_FLOW_RULE: {"queue_id", "output_port", "timeout_s", "app_id"},
+    Operation.ONOS_QUEUE: {"min_rate_bps", "max_rate_bps", "priority"},
+    Operation.NOTIFY: {"message"},
+}
+
+
+class Policy(Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=80)
+    description: str = ""
+    level: Level = Level.MICRO
+    mode: Mode = Mode.ENFORCE
+    enabled: bool = True
+    # Lower first when several policies match the same detection; all matching policies act.
+    priority: int = 100
+    match: Match
+    trigger: Trigger = Field(default_factory=Trigger)
+    action: ActionSpec
+    guards: Guards = Field(default_factory=Guards)
+
+    @model_validator(mode="after")
+    def _level_fits_operation(self) -> Policy:
+        onos = {Operation.ONOS_FLOW_RULE, Operation.ONOS_QUEUE, Operation.SET_CHAIN}
+        if self.action.operation in onos and self.level is not Level.GLOBAL:
+            raise ValueError(
+                f"operation {self.action.operation.value} is a global-loop action: "
+                "set level: global"
+            )
+        return self
+
+
+class PolicyFile(Strict):
+    """A file with several policies; a file with just one may be the policy mapping itself."""
+
+    policies: list[Policy] = Field(min_length=1)
+
+
+def json_schema() -> dict[str, Any]:
+    """The published JSON Schema of a policy file (either shape)."""
+    schema = PolicyFile.model_json_schema()
+    defs = schema.pop("$defs", {})
+    defs["PolicyFile"] = schema
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://cgloop.dev/schemas/policy/v1.json",
+        "title": "cgloop policy file",
+        "anyOf": [{"$ref": "#/$defs/Policy"}, {"$ref": "#/$defs/PolicyFile"}],
+        "$defs": defs,
+    }
+
+
+SCHEMA_PATH = Path(__file__).with_name("policy.schema.json")
+DEFAULTS_DIR = Path(__file__).with_name("policies")
+
+
+def write_schema(path: Path = SCHEMA_PATH) -> None:
+    path.write_text(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+
+
+class PolicyError(ValueError):
+    """Invalid policy: every problem with its file, line and field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _node_at(node: yaml.Node | None, loc: Iterable[Any]) -> yaml.Node | None:
+    """The YAML node a pydantic error location points to (the deepest one that exists)."""
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if k.value == str(key)), None)
+            if found is None:
+                key_node = next((k for k, _ in node.value if k.value == str(key)), None)
+                return key_node or node
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+            if key >= len(node.value):
+                return node
+            node = node.value[key]
+        else:
+            return node
+    return node
+
+
+def _describe(loc: tuple[Any, ...]) -> str:
+    # Pydantic adds the union member / enum tag to locations; keep only what a user wrote.
+    parts = [str(p) for p in loc if not (isinstance(p, str) and "[" in p)]
+    return ".".join(parts) or "(top level)"
+
+
+def parse_policies(text: str, source: str = "<string>") -> list[Policy]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise PolicyError([f"{source}{line}: not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise PolicyError([f"{source}:1: a policy file is a mapping (a policy, or `policies:`)"])
+    single = "policies" not in data
+    try:
+        return PolicyFile.model_validate({"policies": [data]} if single else data).policies
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            if single:
+                loc = loc[2:]  # drop the ("policies", 0) we wrapped it in
+            node = _node_at(root, loc)
+            line = node.start_mark.line + 1 if node is not None else 1
+            problems.append(f"{source}:{line}: {_describe(loc)}: {err['msg']}")
+        raise PolicyError(problems) from None
+
+
+def load_policies(paths: Iterable[Path]) -> list[Policy]:
+    """Load files and directories (*.yaml, *.yml); ids must be unique across the set."""
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+        elif p.exists():
+            files.append(p)
+        else:
+            raise PolicyError([f"{p}: no such file or directory"])
+    problems: list[str] = []
+    policies: list[Policy] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        try:
+            loaded = parse_policies(f.read_text(), str(f))
+        except PolicyError as exc:
+            problems += exc.problems
+            continue
+        for pol in loaded:
+            if pol.id in seen:
+                problems.append(f"{f}: id: policy {pol.id!r} is already defined in {seen[pol.id]}")
+            seen[pol.id] = str(f)
+            policies.append(pol)
+    if problems:
+        raise PolicyError(problems)
+    return sorted(policies, key=lambda p: (p.priority, p.id))
+
+
+def default_policies() -> list[Policy]:
+    return load_policies([DEFAULTS_DIR])

@@ -1,0 +1,204 @@
+"""Reading telemetry to verify actions.
+
+`TelemetryReader` is what verification asks: the value of a metric for an action's subject
+over a time window. `WindowStore` answers from the records themselves, kept in memory for a
+bounded time: active probe results (cgloop.probes.v1: `probe.*` metrics, matched on the flow's
+endpoints) and flow records (cgloop.flows.v1: `flow.*` metrics, matched on the five-tuple).
+`KafkaTelemetryFeed` keeps a store fed from the topics in a background thread, so verification
+never polls a database (MOSAICO §3.2, ONOS IntMon's lesson).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from cgloop.policy.detections import addr_text, flow_text
+from cgloop.v1 import action_pb2 as apb
+from cgloop.v1.common_pb2 import LatencySummary
+from cgloop.v1.flow_pb2 import FlowRecordBatch
+from cgloop.v1.probe_pb2 import ProbeRecordBatch
+
+log = logging.getLogger(__name__)
+
+PROBE_METRICS = ("p50_rtt_ns", "p90_rtt_ns", "p99_rtt_ns", "max_rtt_ns", "loss_ratio")
+FLOW_METRICS = ("rtp_jitter_ns", "rtp_loss_ratio", "ce_ratio", "throughput_bps")
+
+
+@dataclass(frozen=True)
+class Reading:
+    value: float
+    samples: int
+    latency: LatencySummary | None = None
+
+
+class TelemetryReader(Protocol):
+    def read(self, metric: str, action: apb.Action, start_ns: int, end_ns: int) -> Reading | None:
+        """The metric over [start_ns, end_ns) for the action's subject; None without data."""
+        ...
+
+
+def _quantile(sorted_values: list[int], q: float) -> int:
+    # Nearest-rank: an observed value, never an interpolation between two.
+    idx = max(0, min(len(sorted_values) - 1, int(-(-q * len(sorted_values) // 1)) - 1))
+    return sorted_values[idx]
+
+
+def summarise(values: list[int]) -> LatencySummary:
+    s = sorted(values)
+    return LatencySummary(
+        samples=len(s),
+        p50_ns=_quantile(s, 0.5),
+        p90_ns=_quantile(s, 0.9),
+        p99_ns=_quantile(s, 0.99),
+        p999_ns=_quantile(s, 0.999),
+        max_ns=s[-1],
+    )
+
+
+class WindowStore:
+    """The last `retention_s` of probe and flow records, indexed for verification windows."""
+
+    def __init__(self, retention_s: float = 300.0, max_per_key: int = 100_000) -> None:
+        self.retention_ns = int(retention_s * 1e9)
+        self.max_per_key = max_per_key
+        self._lock = threading.Lock()
+        # probe target address -> [(sent_ns, rtt_ns or -1 when lost)] in time order
+        self._probes: dict[str, deque[tuple[int, int]]] = defaultdict(deque)
+        # flow text -> [(interval_end_ns, FlowRecord summary tuple)]
+        self._flows: dict[str, deque[tuple[int, tuple[int, int, int, int, int, int]]]] = (
+            defaultdict(deque)
+        )
+        self.ingested = 0
+
+    def ingest_probes(self, batch: ProbeRecordBatch) -> None:
+        with self._lock:
+            for r in batch.records:
+                key = addr_text(r.target_addr)
+                q = self._probes[key]
+                q.append((r.sent_ns, -1 if r.lost else r.rtt_ns))
+                self._trim(q, r.sent_ns)
+                self.ingested += 1
+
+    def ingest_flows(self, batch: FlowRecordBatch) -> None:
+        with self._lock:
+            for r in batch.records:
+                key = flow_text(r.five_tuple)
+                total = r.ecn_not_ect_packets + r.ecn_ect0_packets + r.ecn_ect1_packets
+                total += r.ecn_ce_packets
+                span = max(1, r.interval_end_ns - r.interval_start_ns)
+                q = self._flows[key]
+                q.append(
+                    (
+                        r.interval_end_ns,
+                        (
+                            r.rtp.jitter_ns,
+                            r.rtp.lost_packets,
+                            r.packets,
+                            r.ecn_ce_packets,
+                            total,
+                            r.bytes * 8 * 1_000_000_000 // span,
+                        ),
+                    )
+                )
+                self._trim(q, r.interval_end_ns)
+                self.ingested += 1
+
+    def _trim(self, q: deque, now_ns: int) -> None:
+        while q and (q[0][0] < now_ns - self.retention_ns or len(q) > self.max_per_key):
+            q.popleft()
+
+    @staticmethod
+    def _window(q: deque, start_ns: int, end_ns: int) -> list:
+        items = list(q)
+        keys = [t for t, _ in items]
+        return items[bisect.bisect_left(keys, start_ns) : bisect.bisect_left(keys, end_ns)]
+
+    def read(self, metric: str, action: apb.Action, start_ns: int, end_ns: int) -> Reading | None:
+        family, _, name = metric.partition(".")
+        flow = action.target.flow
+        with self._lock:
+            if family == "probe" and name in PROBE_METRICS:
+                rows: list[tuple[int, int]] = []
+                for addr in {addr_text(flow.dst_addr), addr_text(flow.src_addr)}:
+                    rows += self._window(self._probes.get(addr, deque()), start_ns, end_ns)
+                if not rows:
+                    return None
+                rtts = [v for _, v in rows if v >= 0]
+                if name == "loss_ratio":
+                    return Reading((len(rows) - len(rtts)) / len(rows), len(rows))
+                if not rtts:
+                    return Reading(float("inf"), len(rows))  # everything lost: worst possible
+                summary = summarise(rtts)
+                value = {
+                    "p50_rtt_ns": summary.p50_ns,
+                    "p90_rtt_ns": summary.p90_ns,
+                    "p99_rtt_ns": summary.p99_ns,
+                    "max_rtt_ns": summary.max_ns,
+                }[name]
+                return Reading(float(value), len(rtts), summary)
+            if family == "flow" and name in FLOW_METRICS:
+                got = self._window(self._flows.get(flow_text(flow), deque()), start_ns, end_ns)
+                if not got:
+                    return None
+                vals = [v for _, v in got]
+                if name == "rtp_jitter_ns":
+                    return Reading(max(v[0] for v in vals), len(vals))
+                if name == "rtp_loss_ratio":
+                    pk = sum(v[2] for v in vals)
+                    lost = sum(v[1] for v in vals)
+                    return Reading(lost / (pk + lost) if pk + lost else 0.0, len(vals))
+                if name == "ce_ratio":
+                    tot = sum(v[4] for v in vals)
+                    return Reading(sum(v[3] for v in vals) / tot if tot else 0.0, len(vals))
+                return Reading(sum(v[5] for v in vals) / len(vals), len(vals))
+        raise ValueError(
+            f"unknown metric {metric!r}: probe.{{{','.join(PROBE_METRICS)}}} or "
+            f"flow.{{{','.join(FLOW_METRICS)}}}"
+        )
+
+
+class KafkaTelemetryFeed:
+    """Feeds a WindowStore from the probes and flows topics in a background thread."""
+
+    def __init__(self, bootstrap: str, store: WindowStore, group_id: str | None = None) -> None:
+        from cgloop.bus.kafka import BatchConsumer
+
+        self.store = store
+        # A private group: every engine instance needs every record (old ones age out).
+        self._consumer = BatchConsumer(
+            bootstrap,
+            group_id or f"cgloop-policy-telemetry-{uuid.uuid4()}",
+            ["cgloop.probes.v1", "cgloop.flows.v1"],
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="telemetry-feed", daemon=True)
+
+    def start(self) -> KafkaTelemetryFeed:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._consumer.poll(0.2)
+            except Exception:
+                log.exception("telemetry feed poll failed")
+                continue
+            if item is None:
+                continue
+            _, batch, _ = item
+            if isinstance(batch, ProbeRecordBatch):
+                self.store.ingest_probes(batch)
+            elif isinstance(batch, FlowRecordBatch):
+                self.store.ingest_flows(batch)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._consumer.close()
