@@ -1,0 +1,1 @@
+"""Network-namespace testbed, traffic generators and fault injection (issue 9)."""

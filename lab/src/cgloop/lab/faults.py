@@ -1,0 +1,162 @@
+"""Faults the lab injects into itself, each with `apply` and `revert`.
+
+| kind | mechanism |
+|---|---|
+| congestion | iperf3 TCP flows from the bulk sender through the bottleneck (BulkSession) |
+| rate_cap | change the bottleneck's HTB rate (both the link class and its default leaf) |
+| loss | the eBPF random-drop program (`bpf.py`) on clsact egress of an interface |
+| ect1_abuse | an unresponsive ECT(1)-marked UDP flow through the bottleneck |
+
+The loss fault is the lab's own until the node agent ships its BPF drop program; it uses
+filter priority LOSS_PRIO on clsact egress, so it can sit beside the agent's programs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from cgloop.lab.bpf import CLSACT_EGRESS, load_sched_cls, loss_program
+from cgloop.lab.lab import Lab
+from cgloop.lab.sessions import BulkSpec, Ect1Spec, Session, make_session
+from pydantic import BaseModel, ConfigDict, Field
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+LOSS_PRIO = 0xC1  # clsact egress filter priority of the lab's loss program
+LOSS_NAME = "cgl_lab_loss"
+
+
+class _Fault(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at: float = Field(ge=0, description="seconds after the scenario's traffic started")
+    duration: float = Field(gt=0)
+
+
+class Congestion(_Fault):
+    kind: Literal["congestion"] = "congestion"
+    src: str = "bulk"
+    dst: str = "home"
+    flows: int = Field(4, ge=1, le=64)
+    port: int = Field(5202, ge=1024, le=65535)
+
+
+class RateCap(_Fault):
+    kind: Literal["rate_cap"] = "rate_cap"
+    rate_mbit: float = Field(gt=0, le=100_000)
+    direction: Literal["down", "up"] = "down"
+
+
+class Loss(_Fault):
+    kind: Literal["loss"] = "loss"
+    percent: float = Field(gt=0, le=100)
+    # The egress interface (node's interface towards `peer`); default: bottleneck downstream.
+    node: str | None = None
+    peer: str | None = None
+
+
+class Ect1Abuse(_Fault):
+    kind: Literal["ect1_abuse"] = "ect1_abuse"
+    src: str = "apps"
+    dst: str = "home"
+    rate_mbit: float = Field(30.0, gt=0, le=1000)
+    burst_packets: int = Field(4, ge=1, le=64)
+    port: int = Field(51004, ge=1024, le=65535)
+
+
+FaultSpec = Annotated[Congestion | RateCap | Loss | Ect1Abuse, Field(discriminator="kind")]
+
+
+class ActiveFault:
+    """A fault in effect: knows how to undo itself."""
+
+    def __init__(self, lab: Lab, spec: FaultSpec, ident: str, out_dir: Path) -> None:
+        self.lab, self.spec, self.ident, self.out_dir = lab, spec, ident, out_dir
+        self.session: Session | None = None
+        self._restore: tuple[str, str, float] | None = None
+        self._loss_at: tuple[str, str] | None = None
+        self.detail: dict = {}
+
+    def apply(self) -> None:
+        spec, lab = self.spec, self.lab
+        if isinstance(spec, Congestion):
+            bulk = BulkSpec(src=spec.src, dst=spec.dst, flows=spec.flows, port=spec.port)
+            self.session = make_session(lab, self.ident, self.out_dir, bulk)
+            self.session.start(spec.duration)
+        elif isinstance(spec, Ect1Abuse):
+            ect1 = Ect1Spec(
+                src=spec.src,
+                dst=spec.dst,
+                rate_mbit=spec.rate_mbit,
+                burst_packets=spec.burst_packets,
+                port=spec.port,
+            )
+            self.session = make_session(lab, self.ident, self.out_dir, ect1)
+            self.session.start(spec.duration)
+        elif isinstance(spec, RateCap):
+            link = lab.topo.bottleneck()
+            node, peer = (link.a, link.b) if spec.direction == "down" else (link.b, link.a)
+            before = lab.rate_mbit(node, peer)
+            if before is None:
+                raise RuntimeError(f"no HTB shaper on {node}→{peer}: is the lab up?")
+            lab.set_rate(node, peer, spec.rate_mbit)
+            self._restore = (node, peer, before)
+            self.detail = {"from_mbit": before, "to_mbit": spec.rate_mbit}
+        elif isinstance(spec, Loss):
+            link = lab.topo.bottleneck()
+            node, peer = spec.node or link.a, spec.peer or link.b
+            add_loss(lab, node, peer, spec.percent / 100)
+            self._loss_at = (node, peer)
+            self.detail = {"interface": f"{node}:{peer}"}
+
+    def revert(self) -> None:
+        if self.session:
+            self.session.stop()
+            self.detail = self.session.result()
+        if self._restore:
+            lab_node, peer, rate = self._restore
+            self.lab.set_rate(lab_node, peer, rate)
+        if self._loss_at:
+            remove_loss(self.lab, *self._loss_at)
+
+
+def add_loss(lab: Lab, node: str, peer: str, probability: float) -> None:
+    """Drop `probability` of the packets leaving `node` towards `peer` (clsact egress)."""
+    with IPRoute(netns=lab.ns(node)) as ipr:
+        idx = ipr.link_lookup(ifname=peer)[0]
+        if not any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=idx)):
+            ipr.tc("add", "clsact", idx)
+        _del_loss_filter(ipr, idx)
+        fd = load_sched_cls(loss_program(probability), LOSS_NAME)
+        try:
+            ipr.tc(
+                "add-filter",
+                "bpf",
+                idx,
+                ":1",
+                fd=fd,
+                name=LOSS_NAME,
+                parent=CLSACT_EGRESS,
+                classid=1,
+                direct_action=True,
+                prio=LOSS_PRIO,
+            )
+        finally:
+            os.close(fd)  # the filter holds its own reference
+
+
+def remove_loss(lab: Lab, node: str, peer: str) -> None:
+    with IPRoute(netns=lab.ns(node)) as ipr:
+        found = ipr.link_lookup(ifname=peer)
+        if found:
+            _del_loss_filter(ipr, found[0])
+
+
+def _del_loss_filter(ipr: IPRoute, idx: int) -> None:
+    try:
+        ipr.tc("del-filter", "bpf", idx, parent=CLSACT_EGRESS, prio=LOSS_PRIO)
+    except NetlinkError as exc:
+        if exc.code not in (2, 22):  # ENOENT/EINVAL: no such filter, nothing to remove
+            raise

@@ -1,0 +1,135 @@
+"""Processes inside the lab's namespaces: start them there, find them again, stop them.
+
+A process enters its namespace with setns(2) between fork and exec (no `ip netns exec`
+shell-out) and leads its own session, so stopping the group also stops whatever it forked
+(iperf3's children, a web server's threads). Processes are found by the inode of their network
+namespace, which is how `down` catches everything even when the state file lost track.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+NETNS_RUN_DIR = Path("/var/run/netns")
+_CLONE_NEWNET = 0x40000000
+
+
+def netns_path(netns: str) -> Path:
+    return NETNS_RUN_DIR / netns
+
+
+def netns_inode(netns: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(netns_path(netns))
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks (field 22 of /proc/pid/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def alive(pid: int, ticks: int | None) -> bool:
+    """True while `pid` runs and is still the process that started at `ticks` (not a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
+
+
+def spawn(
+    netns: str,
+    argv: Sequence[str],
+    *,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start `argv` inside namespace `netns`, in its own session; stdout+stderr go to `log`."""
+    fd = os.open(netns_path(netns), os.O_RDONLY)
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+    def enter() -> None:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({netns}) failed")
+
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            list(argv),
+            preexec_fn=enter,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    finally:
+        os.close(fd)
+        if log:
+            out.close()
+
+
+def pids_in_netns(netns: str) -> list[int]:
+    """Every process whose network namespace is `netns`."""
+    want = netns_inode(netns)
+    if want is None:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = os.stat(entry / "ns" / "net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == want:
+            found.append(int(entry.name))
+    return found
+
+
+def stop(pids: Sequence[tuple[int, int | None]], grace: float = 3.0) -> None:
+    """SIGTERM each (pid, start ticks) and its process group, SIGKILL what survives `grace`."""
+    live = [(pid, t) for pid, t in pids if alive(pid, t) and pid != os.getpid()]
+    for pid, _ in live:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p, t) for p, t in live):
+        _reap(live)
+        time.sleep(0.05)
+    for pid, t in live:
+        if alive(pid, t):
+            _signal(pid, signal.SIGKILL)
+    _reap(live)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(pids: Sequence[tuple[int, int | None]]) -> None:
+    # Our own children become zombies until waited for; zombies still have a /proc entry.
+    for pid, _ in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

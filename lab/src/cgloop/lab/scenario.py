@@ -1,0 +1,207 @@
+"""Scenarios: background traffic for a while, faults on a schedule, a report at the end.
+
+Every fault's onset (the moment its apply step returned: tc change acknowledged, BPF filter
+attached, generator process started) is recorded in CLOCK_REALTIME ns, the clock the traffic
+generators stamp packets with, and written to `events.jsonl` as it happens, so the loop
+benchmark can line onsets up with detections, actions and the gaming flows' latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from cgloop.lab.faults import ActiveFault, FaultSpec
+from cgloop.lab.lab import Lab
+from cgloop.lab.sessions import GamingSpec, MediaSession, Session, TrafficSpec, make_session
+from cgloop.lab.traffic.stats import DelaySummary
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_SCENARIO = "scenario.yaml"
+SETTLE_NS = 1_000_000_000
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    duration: float = Field(gt=0, le=3600, description="seconds of traffic")
+    traffic: list[TrafficSpec] = Field(default_factory=list)
+    faults: list[FaultSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> Scenario:
+        for i, f in enumerate(self.faults):
+            if f.at + f.duration > self.duration:
+                raise ValueError(
+                    f"faults[{i}] ({f.kind}) ends at {f.at + f.duration} s, after the scenario's "
+                    f"{self.duration} s"
+                )
+        return self
+
+
+def load_scenario(path: Path | None = None) -> Scenario:
+    from importlib import resources
+
+    if path is None:
+        text = resources.files("cgloop.lab.data").joinpath(DEFAULT_SCENARIO).read_text()
+        where = f"<default {DEFAULT_SCENARIO}>"
+    else:
+        text, where = Path(path).read_text(), str(path)
+    try:
+        return Scenario.model_validate(yaml.safe_load(text))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not valid YAML: {exc}") from exc
+    except ValidationError as exc:
+        raise ValueError(f"{where}: invalid scenario: {exc}") from exc
+
+
+class FaultEvent(BaseModel):
+    id: str
+    kind: str
+    spec: dict
+    onset_ns: int
+    end_ns: int | None = None
+    apply_ms: float  # how long the apply step itself took
+    detail: dict = Field(default_factory=dict)
+
+
+class FaultWindows(BaseModel):
+    """One gaming flow's downstream delay before, during and after one fault."""
+
+    fault: str
+    session: str
+    before: DelaySummary
+    during: DelaySummary
+    after: DelaySummary
+
+
+class Report(BaseModel):
+    run_dir: str
+    started_ns: int
+    faults: list[FaultEvent]
+    sessions: dict[str, dict]
+    windows: list[FaultWindows]
+
+
+class Runner:
+    """Runs one scenario in a lab that is up; `on_event(text)` hears progress."""
+
+    def __init__(
+        self,
+        lab: Lab,
+        scenario: Scenario,
+        run_dir: Path,
+        on_event: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.lab, self.scenario, self.run_dir, self.say = lab, scenario, run_dir, on_event
+        self.sessions: dict[str, Session] = {}
+        self.events: list[FaultEvent] = []
+
+    def run(self) -> Report:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        sc = self.scenario
+        active: dict[str, tuple[ActiveFault, FaultEvent]] = {}
+        try:
+            for i, spec in enumerate(sc.traffic):
+                ident = f"{spec.kind}{i}"
+                self.sessions[ident] = make_session(self.lab, ident, self.run_dir, spec)
+                self.sessions[ident].start(sc.duration)
+                self.say(f"traffic {ident} started")
+            t0 = time.monotonic()
+            started_ns = time.time_ns()
+            steps = sorted(
+                [(f.at, 1, i) for i, f in enumerate(sc.faults)]
+                + [(f.at + f.duration, 0, i) for i, f in enumerate(sc.faults)]
+            )  # at equal times, reverts (0) go before applies (1)
+            for at, is_apply, i in steps:
+                self._sleep_until(t0 + at)
+                spec = sc.faults[i]
+                ident = f"{spec.kind}{i}"
+                if is_apply:
+                    fault = ActiveFault(self.lab, spec, ident, self.run_dir)
+                    t_apply = time.monotonic()
+                    fault.apply()
+                    event = FaultEvent(
+                        id=ident,
+                        kind=spec.kind,
+                        spec=spec.model_dump(),
+                        onset_ns=time.time_ns(),
+                        apply_ms=(time.monotonic() - t_apply) * 1000,
+                    )
+                    active[ident] = (fault, event)
+                    self._log(event)
+                    self.say(f"t={at:5.1f} s  fault {ident} on")
+                else:
+                    fault, event = active.pop(ident)
+                    fault.revert()
+                    event.end_ns = time.time_ns()
+                    event.detail = fault.detail
+                    self.events.append(event)
+                    self._log(event)
+                    self.say(f"t={at:5.1f} s  fault {ident} off")
+            self._sleep_until(t0 + sc.duration)
+            for session in self.sessions.values():
+                session.wait(15)
+        finally:
+            for fault, event in active.values():  # interrupted: undo what is still applied
+                fault.revert()
+                event.end_ns = time.time_ns()
+                self.events.append(event)
+            for session in self.sessions.values():
+                session.stop()
+        return self.report(started_ns)
+
+    def _sleep_until(self, when: float) -> None:
+        delay = when - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _log(self, event: FaultEvent) -> None:
+        with open(self.run_dir / "events.jsonl", "a") as f:
+            f.write(event.model_dump_json() + "\n")
+
+    def report(self, started_ns: int) -> Report:
+        windows = []
+        for ident, session in self.sessions.items():
+            if not isinstance(session, MediaSession) or not ident.startswith("gaming"):
+                continue
+            try:
+                packets = session.packets("down")
+            except OSError:
+                continue
+            events = sorted(self.events, key=lambda e: e.onset_ns)
+            for k, ev in enumerate(events):
+                end = ev.end_ns or ev.onset_ns
+                span = end - ev.onset_ns
+                # Windows as long as the fault, clipped so they never overlap a neighbour fault;
+                # "after" starts a settling second late (the queue the fault built drains first).
+                prev_end = (events[k - 1].end_ns or 0) + SETTLE_NS if k else 0
+                next_onset = events[k + 1].onset_ns if k + 1 < len(events) else None
+                after_end = end + SETTLE_NS + span
+                if next_onset is not None:
+                    after_end = min(after_end, next_onset)
+                windows.append(
+                    FaultWindows(
+                        fault=ev.id,
+                        session=ident,
+                        before=packets.window(
+                            max(ev.onset_ns - span, prev_end), ev.onset_ns
+                        ).summary(),
+                        during=packets.window(ev.onset_ns, end).summary(),
+                        after=packets.window(end + SETTLE_NS, after_end).summary(),
+                    )
+                )
+        report = Report(
+            run_dir=str(self.run_dir),
+            started_ns=started_ns,
+            faults=self.events,
+            sessions={k: s.result() for k, s in self.sessions.items()},
+            windows=windows,
+        )
+        (self.run_dir / "report.json").write_text(report.model_dump_json(indent=1))
+        return report
+
+
+__all__ = ["FaultEvent", "GamingSpec", "Report", "Runner", "Scenario", "load_scenario"]

@@ -1,0 +1,49 @@
+"""Generator processes, started inside a lab namespace: `python -m cgloop.lab.traffic …`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from cgloop.lab.traffic import media, web
+from cgloop.lab.traffic.profiles import StreamSpec
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
+
+
+def _addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise typer.BadParameter(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+@app.command("media")
+def media_cmd(
+    bind: str = typer.Option(..., help="HOST:PORT to receive on (and send from)"),
+    peer: str = typer.Option(..., help="HOST:PORT to send to"),
+    send: str = typer.Option("", help="StreamSpec as JSON; empty: receive only"),
+    duration: float = typer.Option(10.0, min=0.1),
+    out: Annotated[Path | None, typer.Option(help="write OUT.npz and OUT.json")] = None,
+) -> None:
+    spec = StreamSpec.model_validate_json(send) if send else None
+    media.run_peer(_addr(bind), _addr(peer), spec, duration, out)
+
+
+@app.command("web-server")
+def web_server(bind: str = typer.Option(...)) -> None:
+    web.serve(_addr(bind))
+
+
+@app.command("web-client")
+def web_client(
+    server: str = typer.Option(...),
+    duration: float = typer.Option(10.0, min=0.1),
+    out: Annotated[Path | None, typer.Option(help="write OUT.json")] = None,
+) -> None:
+    web.fetch_loop(_addr(server), duration, out)
+
+
+if __name__ == "__main__":
+    app()

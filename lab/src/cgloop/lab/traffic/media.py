@@ -1,0 +1,229 @@
+"""An RTP/UDP media peer: sends one stream to its peer and measures the one it receives.
+
+Both ends of a session use one UDP socket bound to their own port, so the two directions share
+one five-tuple, as a cloud-gaming session does. Each packet is an RTP v2 packet (RFC 3550:
+sequence number, 90 kHz timestamp, SSRC, marker on a frame's last packet) whose payload starts
+with the measurement stamp `!QIHH` = send time (CLOCK_REALTIME ns), frame number, index of the
+packet in its frame, packets in the frame; the rest is padding up to the frame's size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import socket
+import struct
+import threading
+import time
+from array import array
+from pathlib import Path
+
+import numpy as np
+from cgloop.lab.traffic.profiles import StreamSpec
+from cgloop.lab.traffic.stats import Packets
+
+RTP = struct.Struct("!BBHII")  # V/P/X/CC, M/PT, sequence, timestamp, SSRC
+STAMP = struct.Struct("!QIHH")
+HEADER_BYTES = RTP.size + STAMP.size
+RTP_CLOCK_HZ = 90_000
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_RXQ_OVFL = 40
+SO_RCVBUFFORCE = 33
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+ECN_NAMES = ("not_ect", "ect1", "ect0", "ce")  # by the TOS byte's low two bits
+_TIMESPEC = struct.Struct("qq")
+
+
+def rtp_packet(
+    seq: int, ts: int, ssrc: int, pt: int, marker: bool, stamp: bytes, size: int
+) -> bytes:
+    head = RTP.pack(0x80, (0x80 if marker else 0) | pt, seq & 0xFFFF, ts & 0xFFFFFFFF, ssrc)
+    return head + stamp + bytes(max(size - HEADER_BYTES, 0))
+
+
+def parse(data: bytes) -> tuple[int, int, int] | None:
+    """(16-bit sequence, send_ns, payload type) of a lab RTP packet; None if it is not one."""
+    if len(data) < HEADER_BYTES or data[0] >> 6 != 2:
+        return None
+    _, m_pt, seq, _, _ = RTP.unpack_from(data)
+    send_ns, _, _, _ = STAMP.unpack_from(data, RTP.size)
+    return seq, send_ns, m_pt & 0x7F
+
+
+class Sender(threading.Thread):
+    """Sends `spec` to `peer` from `sock` until `stop` is set or `duration` has passed."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: tuple[str, int],
+        spec: StreamSpec,
+        duration: float,
+        stop: threading.Event,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(name="sender", daemon=True)
+        self.sock, self.peer, self.spec, self.duration, self.stop = sock, peer, spec, duration, stop
+        self.rng = random.Random(seed)
+        self.ssrc = self.rng.getrandbits(32)
+        self.sent = 0
+        self.sent_bytes = 0
+        self.send_errors = 0
+
+    def run(self) -> None:
+        spec = self.spec
+        if spec.tos:
+            self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, spec.tos)
+        frame_bytes = spec.rate_kbps * 1000 / 8 / spec.fps
+        period = 1.0 / spec.fps
+        start = time.monotonic()
+        frame = 0
+        seq = self.rng.getrandbits(16)
+        self.first_seq = seq
+        while not self.stop.is_set():
+            due = start + frame * period
+            now = time.monotonic()
+            if now - start >= self.duration:
+                break
+            if due > now:
+                self.stop.wait(due - now)
+                continue
+            size = (
+                frame_bytes * max(0.2, self.rng.gauss(1.0, spec.size_cv))
+                if spec.size_cv
+                else (frame_bytes)
+            )
+            count = max(1, math.ceil(size / spec.payload_max))
+            per_packet = max(HEADER_BYTES, min(spec.payload_max, math.ceil(size / count)))
+            ts = int(frame * RTP_CLOCK_HZ / spec.fps)
+            pace = 0.0 if spec.burst else period / count
+            for i in range(count):
+                stamp = STAMP.pack(time.time_ns(), frame, i, count)
+                pkt = rtp_packet(
+                    seq, ts, self.ssrc, spec.payload_type, i == count - 1, stamp, per_packet
+                )
+                try:
+                    self.sock.sendto(pkt, self.peer)
+                    self.sent += 1
+                    self.sent_bytes += len(pkt)
+                except OSError:  # peer not up yet (ICMP unreachable) or a full queue
+                    self.send_errors += 1
+                seq += 1
+                if pace:
+                    time.sleep(pace)
+            frame += 1
+        self.frames = frame
+
+
+class Receiver:
+    """Records every lab RTP packet that arrives on `sock` (kernel receive timestamps)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+        try:  # a deep buffer so a descheduled Python receiver never looks like network loss
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 16 << 20)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        self.seq, self.send_ns = array("q"), array("q")
+        self.recv_ns, self.size = array("q"), array("q")
+        self.malformed = 0
+        self.ecn = [0, 0, 0, 0]
+        self.socket_drops = 0
+        self._max: int | None = None
+
+    def _extend(self, seq16: int) -> int:
+        # RFC 3550 A.1 in spirit: the extended number nearest the highest seen so far, so wraps
+        # and late (reordered) packets both land on the right cycle.
+        if self._max is None:
+            self._max = seq16
+            return seq16
+        base = (self._max & ~0xFFFF) | seq16
+        ext = min((base - 0x10000, base, base + 0x10000), key=lambda c: abs(c - self._max))
+        self._max = max(self._max, ext)
+        return ext
+
+    def run(self, stop: threading.Event, until: float) -> None:
+        self.sock.settimeout(0.2)
+        cmsg_space = socket.CMSG_SPACE(_TIMESPEC.size) + 2 * socket.CMSG_SPACE(4)
+        while not stop.is_set() and time.monotonic() < until:
+            try:
+                data, anc, _, _ = self.sock.recvmsg(2048, cmsg_space)
+            except TimeoutError:
+                continue
+            except OSError:
+                continue  # e.g. ECONNREFUSED surfaced from an earlier send: not fatal
+            recv_ns = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    sec, nsec = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
+                    recv_ns = sec * 1_000_000_000 + nsec
+                elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
+                    self.socket_drops = struct.unpack("I", payload[:4])[0]
+                elif level == socket.IPPROTO_IP and kind == socket.IP_TOS and payload:
+                    self.ecn[payload[0] & 0x3] += 1
+            parsed = parse(data)
+            if parsed is None:
+                self.malformed += 1
+                continue
+            seq16, send_ns, _ = parsed
+            self.seq.append(self._extend(seq16))
+            self.send_ns.append(send_ns)
+            self.recv_ns.append(recv_ns if recv_ns is not None else time.time_ns())
+            self.size.append(len(data))
+
+    def packets(self) -> Packets:
+        col = lambda a: np.frombuffer(a, dtype=np.int64).copy()  # noqa: E731
+        return Packets(col(self.seq), col(self.send_ns), col(self.recv_ns), col(self.size))
+
+
+def run_peer(
+    bind: tuple[str, int],
+    peer: tuple[str, int],
+    send: StreamSpec | None,
+    duration: float,
+    out: Path | None,
+    linger: float = 1.0,
+) -> dict:
+    """Send `send` (if any) to `peer` for `duration` s while recording what arrives on `bind`;
+    then write `<out>.npz` (per packet) and `<out>.json` (summary). SIGTERM ends it early."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(bind)
+    receiver = Receiver(sock)
+    sender = Sender(sock, peer, send, duration, stop) if send else None
+    started_ns = time.time_ns()
+    if sender:
+        sender.start()
+    receiver.run(stop, until=time.monotonic() + duration + linger)
+    stop.set()
+    if sender:
+        sender.join()
+    packets = receiver.packets()
+    result = {
+        "bind": f"{bind[0]}:{bind[1]}",
+        "peer": f"{peer[0]}:{peer[1]}",
+        "started_ns": started_ns,
+        "ended_ns": time.time_ns(),
+        "sent": sender.sent if sender else 0,
+        "sent_bytes": sender.sent_bytes if sender else 0,
+        "send_errors": sender.send_errors if sender else 0,
+        "received": len(packets),
+        "malformed": receiver.malformed,
+        "socket_drops": receiver.socket_drops,
+        "ecn": dict(zip(ECN_NAMES, receiver.ecn, strict=True)),
+        "summary": packets.summary().model_dump(),
+    }
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        packets.save(out.parent / f"{out.name}.npz")
+        (out.parent / f"{out.name}.json").write_text(json.dumps(result, indent=1))
+    return result

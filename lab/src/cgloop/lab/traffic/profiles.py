@@ -1,0 +1,83 @@
+"""Traffic profiles: what each platform's session and each other application sends.
+
+Cloud-gaming numbers are MOSAICO D234 §2.1 (see /work/shared/domain.md §1): downstream RTP/UDP
+video at the platform's nominal rate, 60 fps, every frame sent as one burst of MTU-sized
+packets; upstream client input every ~10 ms at ~420 kbit/s. Where the source gives a range
+(Stadia 25-30, Xbox Cloud 12-14 Mbit/s) the midpoint is the default.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamSpec(BaseModel):
+    """One direction of an RTP/UDP media stream."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate_kbps: float = Field(gt=0, le=1_000_000)
+    fps: float = Field(gt=0, le=10_000, description="frames (send events) per second")
+    payload_max: int = Field(default=1200, ge=64, le=1472, description="UDP payload per packet")
+    burst: bool = Field(default=True, description="send a frame's packets back to back")
+    size_cv: float = Field(default=0.15, ge=0, le=2, description="frame size variation")
+    tos: int = Field(default=0, ge=0, le=255, description="IP TOS byte (ECN in the low 2 bits)")
+    payload_type: int = Field(default=96, ge=0, le=127)
+
+
+class MediaProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    down: StreamSpec | None  # server → client
+    up: StreamSpec | None  # client → server
+    # The latency objective the loop defends (gaming: one-way p99 under this).
+    slo_p99_ms: float | None = None
+
+
+def _input(rate_kbps: float = 420) -> StreamSpec:
+    return StreamSpec(rate_kbps=rate_kbps, fps=100, payload_type=97, size_cv=0.0, burst=True)
+
+
+def _video(rate_mbit: float) -> StreamSpec:
+    return StreamSpec(rate_kbps=rate_mbit * 1000, fps=60)
+
+
+# Gaming SLO: 1 ms edge budget is CALVIN's; on a shared home bottleneck we defend 20 ms p99 one-way
+# (a named default: the sources give tiers of added latency, 20/50/100 ms, not an SLO).
+GAMING_SLO_P99_MS = 20.0
+
+PROFILES: dict[str, MediaProfile] = {
+    "gfn": MediaProfile(name="gfn", down=_video(33), up=_input(), slo_p99_ms=GAMING_SLO_P99_MS),
+    "std": MediaProfile(name="std", down=_video(27.5), up=_input(), slo_p99_ms=GAMING_SLO_P99_MS),
+    "psn": MediaProfile(name="psn", down=_video(23), up=_input(), slo_p99_ms=GAMING_SLO_P99_MS),
+    "xc": MediaProfile(name="xc", down=_video(13), up=_input(), slo_p99_ms=GAMING_SLO_P99_MS),
+    # A light gaming-like profile for tests on a busy 2-core machine: same cadence, lower rate.
+    "test": MediaProfile(name="test", down=_video(4), up=_input(), slo_p99_ms=GAMING_SLO_P99_MS),
+    # Video call: 30 fps video both ways (~1.5 Mbit/s), frames paced, no latency contract here.
+    "video-call": MediaProfile(
+        name="video-call",
+        down=StreamSpec(rate_kbps=1500, fps=30, burst=False, size_cv=0.3),
+        up=StreamSpec(rate_kbps=1500, fps=30, burst=False, size_cv=0.3),
+    ),
+}
+
+GAMING_PLATFORMS = ("gfn", "std", "psn", "xc")
+
+
+def ect1_abuser(rate_mbit: float, burst_packets: int = 4) -> StreamSpec:
+    """An unresponsive UDP flow marked ECT(1): claims the L4S low-latency class, ignores CE.
+
+    It sends `burst_packets` back to back per send event (unpaced micro-bursts, MOSAICO §2.3.2).
+    """
+    payload = 1200
+    pps = rate_mbit * 1e6 / 8 / payload
+    return StreamSpec(
+        rate_kbps=rate_mbit * 1000,
+        fps=max(pps / burst_packets, 1.0),
+        payload_max=payload,
+        burst=True,
+        size_cv=0.0,
+        tos=0x01,
+        payload_type=100,
+    )
