@@ -1,8 +1,264 @@
-"""`cgloop policy …` commands."""
+"""`cgloop policy …` commands: validate, schema, run, pending/approve/reject, plan."""
 
 from __future__ import annotations
 
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err = Console(stderr=True)
+
+PathsArg = Annotated[
+    list[Path] | None,
+    typer.Argument(help="policy files or folders; default: the shipped policies"),
+]
+
+
+def _load(paths: list[Path] | None):
+    from cgloop.policy import model
+
+    try:
+        return model.load_policies(paths) if paths else model.default_policies()
+    except model.PolicyError as exc:
+        for problem in exc.problems:
+            err.print(f"[red]error[/red] {problem}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def validate(paths: PathsArg = None) -> None:
+    """Check policy files against the schema; errors name file, line and field."""
+    policies = _load(paths)
+    table = Table("id", "level", "mode", "matches", "operation", "hold")
+    for p in policies:
+        table.add_row(
+            p.id,
+            p.level.value,
+            p.mode.value,
+            ",".join(k.value for k in p.match.kinds),
+            p.action.operation.value,
+            f"{p.guards.hold_time:g}s",
+        )
+    console.print(table)
+    console.print(f"{len(policies)} policies valid")
+
+
+def schema(
+    write: Annotated[bool, typer.Option(help="rewrite the published policy.schema.json")] = False,
+) -> None:
+    """Print the JSON Schema of policy files."""
+    from cgloop.policy import model
+
+    if write:
+        model.write_schema()
+        console.print(f"wrote {model.SCHEMA_PATH}")
+    else:
+        print(json.dumps(model.json_schema(), indent=2, sort_keys=True))
+
+
+def _state_dir() -> Path:
+    from cgloop.config import Settings
+
+    return Settings().state_dir / "policy"
+
+
+def run(
+    paths: PathsArg = None,
+    agent: Annotated[
+        list[str] | None, typer.Option(help="node agent address: NODE_ID=HOST:PORT (repeat)")
+    ] = None,
+    journal: Annotated[Path | None, typer.Option(help="journal file")] = None,
+    budget: Annotated[int, typer.Option(help="global budget: actions per window")] = 20,
+    budget_window: Annotated[float, typer.Option(help="budget window, seconds")] = 60.0,
+    verify: Annotated[bool, typer.Option(help="read probes/flows topics to verify")] = True,
+    group: Annotated[str, typer.Option(help="Kafka consumer group")] = "cgloop-policy-engine",
+    source_id: Annotated[str, typer.Option(help="source id on action records")] = "policy-engine",
+) -> None:
+    """Run the engine: detections from Kafka in, actions to the node agents and Kafka out."""
+    from cgloop.config import Settings
+    from cgloop.policy import service
+    from cgloop.policy.actuators import NodeAgentActuator, Router
+    from cgloop.policy.engine import Engine
+    from cgloop.policy.guards import Budget
+    from cgloop.policy.journal import Journal
+    from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
+
+    policies = _load(paths)
+    agents = {}
+    for item in agent or []:
+        node, sep, address = item.partition("=")
+        if not sep or not node or ":" not in address:
+            err.print(f"[red]error[/red] --agent {item!r}: expected NODE_ID=HOST:PORT")
+            raise typer.Exit(2)
+        agents[node] = address
+    settings = Settings()
+    state = _state_dir()
+    store = WindowStore() if verify else None
+    feed = KafkaTelemetryFeed(settings.bootstrap_servers, store).start() if store else None
+    engine = Engine(
+        policies,
+        Router(NodeAgentActuator(agents)),
+        telemetry=store,
+        journal=Journal(journal or state / "journal.jsonl"),
+        budget=Budget(budget, budget_window),
+        source_id=source_id,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    (state / "approvals").mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"policy engine: {len(policies)} policies, {len(agents)} node agents, "
+        f"Kafka {settings.bootstrap_servers}"
+    )
+    try:
+        service.run(engine, settings.bootstrap_servers, stop, group, state / "approvals")
+    finally:
+        if feed is not None:
+            feed.stop()
+        engine.journal.close()
+        console.print(f"stopped: {engine.stats}")
+
+
+def pending(journal: Annotated[Path | None, typer.Option()] = None) -> None:
+    """Actions waiting for an operator's approval."""
+    from cgloop.policy.journal import Journal
+
+    j = Journal(None)
+    for entry in Journal._read(journal or _state_dir() / "journal.jsonl"):
+        j._remember(entry)
+    table = Table("action id", "policy", "operation", "target", "reasons")
+    for e in j.open_entries():
+        if e.awaiting_approval:
+            table.add_row(
+                e.action.id,
+                e.action.policy_id,
+                str(e.action.operation),
+                e.target_key,
+                ",".join(e.action.reason_detection_ids),
+            )
+    console.print(table)
+
+
+def approve(action_id: str) -> None:
+    """Approve an action the running engine holds for approval."""
+    folder = _state_dir() / "approvals"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{action_id}.approve").write_text(str(time.time_ns()))
+    console.print(f"approval of {action_id} handed to the engine")
+
+
+def reject(action_id: str, reason: Annotated[str, typer.Option()] = "rejected") -> None:
+    """Reject an action the running engine holds for approval."""
+    folder = _state_dir() / "approvals"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{action_id}.reject").write_text(reason)
+    console.print(f"rejection of {action_id} handed to the engine")
+
+
+plan = typer.Typer(help="Planners (pure functions) on a YAML description", no_args_is_help=True)
+
+
+@plan.command("natif")
+def plan_natif(
+    spec: Path,
+    baseline: Annotated[bool, typer.Option(help="also run the throughput-only baseline")] = False,
+) -> None:
+    """Natif instantiation + flow distribution. SPEC: functions, branches, flows (see docs)."""
+    from cgloop.policy.planners import natif
+
+    data = yaml.safe_load(spec.read_text())
+    try:
+        functions = {
+            f["name"]: natif.NetworkFunction(
+                f["name"],
+                natif.Category[f["category"].upper()],
+                float(f["capacity_pps"]),
+                float(f["capacity_bps"]),
+                bool(f.get("multithreaded", False)),
+                float(f.get("gain_pps", 1)),
+                float(f.get("gain_bps", 1)),
+            )
+            for f in data["functions"]
+        }
+        flows = {
+            f["name"]: natif.Flow(f["name"], float(f["pps"]), float(f["bps"]))
+            for f in data["flows"]
+        }
+        branches = [
+            natif.Branch(b["chain"], tuple(b["functions"]), tuple(b["flows"]))
+            for b in data["branches"]
+        ]
+        result = natif.natif(functions, branches, flows)
+    except (KeyError, TypeError, ValueError) as exc:
+        err.print(f"[red]error[/red] {spec}: {exc!r}")
+        raise typer.Exit(1) from None
+    delays = natif.flow_delays_s(functions, result.distribution)
+    table = Table("function", "instance", "flows", "pps", "bps")
+    for (fn, idx), load in sorted(result.distribution.loads.items()):
+        table.add_row(fn, str(idx), ",".join(load.flows), f"{load.pps:g}", f"{load.bps:g}")
+    console.print(table)
+    console.print(f"instances: {result.instances}")
+    console.print(f"worst processing delay (M/D/1): {max(delays.values()) * 1e3:.3f} ms")
+    if result.distribution.oversized:
+        console.print(f"[yellow]flows larger than one instance:[/] {result.distribution.oversized}")
+    if baseline:
+        other = natif.throughput_only(functions, branches, flows)
+        od = natif.flow_delays_s(functions, other.distribution)
+        console.print(
+            f"throughput-only: instances {other.instances}, worst delay "
+            f"{max(od.values()) * 1e3:.3f} ms"
+        )
+
+
+@plan.command("sfc")
+def plan_sfc(
+    nodes: Annotated[str, typer.Option(help="NAME:SLOTS[:LOAD],…")],
+    chain: Annotated[int, typer.Option(help="number of service functions")],
+    service: Annotated[str, typer.Option(help="node running the service application")],
+) -> None:
+    """LB, LC and LBLC placements of a chain, with inter-node links."""
+    from cgloop.policy.planners import sfc
+
+    parsed = []
+    for item in nodes.split(","):
+        parts = item.split(":")
+        parsed.append(sfc.Node(parts[0], int(parts[1]), float(parts[2]) if len(parts) > 2 else 0))
+    fns = [f"sf{i + 1}" for i in range(chain)]
+    table = Table("strategy", "placement", "inter-node links")
+    for name, placement in [
+        ("LB", sfc.lb(fns, parsed)),
+        ("LC", sfc.lc(fns, parsed, service)),
+        ("LBLC", sfc.lblc(fns, parsed, service)),
+    ]:
+        table.add_row(name, " ".join(placement), str(sfc.inter_node_links(placement)))
+    console.print(table)
+
+
+@plan.command("overload")
+def plan_overload(
+    offered_pps: float,
+    t_cpu_us: Annotated[float, typer.Option(help="CPU time per packet, us")],
+    interrupts_us_per_s: Annotated[float, typer.Option(help="interrupt time per second, us")] = 0,
+    margin: Annotated[float, typer.Option(help="keep load under margin x R_max")] = 0.8,
+) -> None:
+    """Gallenmüller's R_max = (1 s - d_sum) / t_CPU against the offered load."""
+    from cgloop.policy.planners import overload
+
+    d = overload.check_overload(offered_pps, t_cpu_us * 1e-6, interrupts_us_per_s * 1e-6, margin)
+    console.print(
+        f"R_max {d.r_max_pps:,.0f} pps, limit {d.limit_pps:,.0f} pps, offered "
+        f"{d.offered_pps:,.0f} pps: {'OVERLOAD' if d.overloaded else 'ok'}"
+        + (f", shed {d.excess_pps:,.0f} pps" if d.overloaded else "")
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -10,4 +266,7 @@ def register(app: typer.Typer) -> None:
         help="Policy engine: policies, guards, verification, rollback, planners",
         no_args_is_help=True,
     )
+    for fn in (validate, schema, run, pending, approve, reject):
+        sub.command()(fn)
+    sub.add_typer(plan, name="plan")
     app.add_typer(sub, name="policy")
