@@ -3,3 +3,8 @@
 //! changed (plus periodic summaries) to Kafka as `cgloop.v1.IntRecordBatch`.
 
 pub mod parse;
+pub mod gen;
+pub mod state;
+pub mod bench;
+pub mod export;
+pub mod recv;

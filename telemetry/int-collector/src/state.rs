@@ -1,0 +1,491 @@
+//! Per-flow and per-hop state, and the event rules that decide what leaves the collector.
+//!
+//! Rules (docs/int-collector.md "Event rules"):
+//! * NEW_FLOW: first report of an unknown flow (INT-MD: at once; per-hop reports, where the
+//!   path is assembled from several switches, after `settle` so the whole path is known).
+//! * PATH_CHANGE: the switch ids of an INT-MD stack differ from the known path; for per-hop
+//!   reports, a switch not on the known path reports the flow after it settled.
+//! * LATENCY_CHANGE / QUEUE_CHANGE: a hop's value, quantised (fabric-tna style buckets, e.g.
+//!   256 ns), moved from the last exported value by at least the absolute AND the relative
+//!   threshold.
+//! * Congestion (IntQueueRecord congested=true/false): per (switch, egress port, queue) with
+//!   hysteresis: on when occupancy >= `congestion_on` or the report's Q flag is set for the
+//!   reporting switch's queue, off when occupancy < `congestion_off` and Q is clear.
+//! * Drops (IntDropRecord): the first drop of (flow, switch, reason) at once, then counts
+//!   folded and flushed at most once per summary interval.
+//! * PERIODIC: each flow with reports since its last record, every `summary_interval`.
+//!   Flows idle for `flow_timeout` are forgotten.
+
+use crate::parse::{FlowKey, HopMetadata, Report};
+use cgloop_proto::v1::{
+    int_record, FiveTuple, IntDropRecord, IntEventReason, IntFlowRecord, IntHop, IntQueueRecord,
+    IntRecord, RecordHeader,
+};
+use rustc_hash::FxHashMap;
+
+pub const MAX_HOPS: usize = 16;
+
+/// Thresholds of the event rules (CLI flags of `cgloop-int-collector run`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EventConfig {
+    pub latency_quantum_ns: u32,
+    pub latency_abs_ns: u32,
+    pub latency_rel: f64,
+    pub queue_quantum_cells: u32,
+    pub queue_abs_cells: u32,
+    pub queue_rel: f64,
+    pub congestion_on_cells: u32,
+    pub congestion_off_cells: u32,
+    pub summary_interval_ns: u64,
+    pub flow_timeout_ns: u64,
+    pub settle_ns: u64,
+    /// Raw egress TX utilization equal to 100 % (device-defined unit).
+    pub tx_util_full_scale: u32,
+    /// Also emit one IntHopRecord per hop with every flow record.
+    pub hop_records: bool,
+}
+
+impl Default for EventConfig {
+    fn default() -> Self {
+        EventConfig {
+            latency_quantum_ns: 256,
+            latency_abs_ns: 1_024,
+            latency_rel: 0.25,
+            queue_quantum_cells: 16,
+            queue_abs_cells: 256,
+            queue_rel: 0.25,
+            congestion_on_cells: 4_096,
+            congestion_off_cells: 1_024,
+            summary_interval_ns: 1_000_000_000,
+            flow_timeout_ns: 10_000_000_000,
+            settle_ns: 50_000_000,
+            tx_util_full_scale: 10_000,
+            hop_records: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct HopState {
+    md: HopMetadata,
+    /// Quantised values at the last exported record (the change baseline).
+    exported_latency: Option<u32>,
+    exported_queue: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+struct FlowState {
+    path: [u32; MAX_HOPS],
+    hops: [HopState; MAX_HOPS],
+    len: usize,
+    first_seen_ns: u64,
+    last_seen_ns: u64,
+    last_export_ns: u64,
+    reports: u64,
+    last_seq: u32,
+    reporter: u32,
+    /// Per-hop (postcard/MX/v0.5) flows are announced after `settle`.
+    announced: bool,
+    stacked: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct QueueKey {
+    switch: u32,
+    port: u16,
+    queue: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct DropKey {
+    flow: FlowKey,
+    switch: u32,
+    reason: u8,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct DropState {
+    pending: u64,
+    last_export_ns: u64,
+    md: HopMetadata,
+}
+
+/// Counters of one worker (summed for `stats`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Counters {
+    pub reports: u64,
+    pub records: u64,
+    pub flows: u64,
+    pub flows_expired: u64,
+}
+
+/// State of one worker: flows, queues and drops, plus its record sequence.
+pub struct State {
+    cfg: EventConfig,
+    source_id: String,
+    sequence: u64,
+    flows: FxHashMap<FlowKey, FlowState>,
+    queues: FxHashMap<QueueKey, bool>,
+    drops: FxHashMap<DropKey, DropState>,
+    pub counters: Counters,
+}
+
+fn quantise(v: u32, q: u32) -> u32 {
+    if q <= 1 { v } else { v - v % q }
+}
+
+/// Beyond both thresholds (absolute AND relative to the old value)?
+fn changed(old: Option<u32>, new: u32, abs: u32, rel: f64) -> bool {
+    match old {
+        None => false,
+        Some(old) => {
+            let d = old.abs_diff(new);
+            d > 0 && d >= abs && f64::from(d) >= rel * f64::from(old.max(1))
+        }
+    }
+}
+
+impl State {
+    pub fn new(cfg: EventConfig, source_id: impl Into<String>) -> Self {
+        State {
+            cfg,
+            source_id: source_id.into(),
+            sequence: 0,
+            flows: FxHashMap::default(),
+            queues: FxHashMap::default(),
+            drops: FxHashMap::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn flow_count(&self) -> usize {
+        self.flows.len()
+    }
+
+    fn header(&mut self, ts: u64) -> Option<RecordHeader> {
+        self.sequence += 1;
+        self.counters.records += 1;
+        Some(RecordHeader {
+            schema_version: cgloop_proto::SCHEMA_VERSION,
+            source_id: self.source_id.clone(),
+            sequence: self.sequence,
+            timestamp_ns: ts,
+        })
+    }
+
+    /// Fold one report into the state; records to export are appended to `out`.
+    pub fn ingest(&mut self, r: &Report<'_>, now_ns: u64, out: &mut Vec<IntRecord>) {
+        self.counters.reports += 1;
+        // Hops in path order (source first): the embedded INT-MD stack (newest first on the
+        // wire, INT v2.1 §5.7), then the reporting node's own metadata unless it is already the
+        // top of the stack (sink option 1 vs 2 of INT v2.1 §5.7).
+        let mut hops = [HopMetadata::default(); MAX_HOPS];
+        let mut n = 0;
+        let mut stacked = false;
+        if let Some(int) = &r.inner.int {
+            let mut tmp = [HopMetadata::default(); MAX_HOPS];
+            let mut m = 0;
+            for (md, _ds) in int.hops().flatten() {
+                if m < MAX_HOPS {
+                    tmp[m] = md;
+                    m += 1;
+                }
+            }
+            stacked = m > 0;
+            for i in 0..m {
+                hops[i] = tmp[m - 1 - i];
+            }
+            n = m;
+        }
+        if let Some(local) = r.local {
+            let dup = n > 0 && hops[n - 1].node_id == local.node_id;
+            if !dup && n < MAX_HOPS {
+                hops[n] = local;
+                n += 1;
+            }
+        }
+        let hops = &hops[..n];
+        self.queue_events(r, hops, now_ns, out);
+        let Some(flow) = r.inner.flow else { return };
+        if r.dropped {
+            self.drop_event(r, flow, now_ns, out);
+        }
+        if !hops.is_empty() && !(r.dropped && !stacked) {
+            self.flow_events(r, flow, hops, stacked, now_ns, out);
+        }
+    }
+
+    fn queue_events(&mut self, r: &Report<'_>, hops: &[HopMetadata], now: u64, out: &mut Vec<IntRecord>) {
+        for h in hops {
+            let Some(switch) = h.node_id else { continue };
+            let is_reporter = switch == r.node_id && r.local.is_some();
+            let occ = h.queue_occupancy;
+            let q_flag = is_reporter && r.congested;
+            if occ.is_none() && !q_flag {
+                continue;
+            }
+            let key = QueueKey { switch, port: h.l1_egress_port.unwrap_or(0), queue: h.queue_id.unwrap_or(0) };
+            let was = self.queues.get(&key).copied().unwrap_or(false);
+            let occ_v = occ.unwrap_or(0);
+            let now_congested = if was {
+                q_flag || occ_v >= self.cfg.congestion_off_cells
+            } else {
+                q_flag || occ_v >= self.cfg.congestion_on_cells
+            };
+            if now_congested != was {
+                self.queues.insert(key, now_congested);
+                let rec = IntQueueRecord {
+                    header: self.header(now),
+                    switch_id: switch,
+                    egress_port: u32::from(key.port),
+                    queue_id: u32::from(key.queue),
+                    queue_occupancy_cells: occ_v,
+                    queue_latency_ns: u64::from(h.hop_latency.unwrap_or(0)),
+                    congested: now_congested,
+                    egress_tx_utilization: self.tx_util(h),
+                };
+                out.push(IntRecord { record: Some(int_record::Record::Queue(rec)) });
+            } else if !was && !self.queues.contains_key(&key) {
+                self.queues.insert(key, false);
+            }
+        }
+    }
+
+    fn drop_event(&mut self, r: &Report<'_>, flow: FlowKey, now: u64, out: &mut Vec<IntRecord>) {
+        let md = r.local.unwrap_or_default();
+        let key = DropKey { flow, switch: r.node_id, reason: md.drop_reason.unwrap_or(0) };
+        let interval = self.cfg.summary_interval_ns;
+        let d = self.drops.entry(key).or_default();
+        d.pending += 1;
+        d.md = md;
+        let first = d.last_export_ns == 0;
+        if first || now.saturating_sub(d.last_export_ns) >= interval {
+            let count = std::mem::take(&mut d.pending);
+            d.last_export_ns = now.max(1);
+            self.push_drop(key, md, count, now, out);
+        }
+    }
+
+    fn push_drop(&mut self, key: DropKey, md: HopMetadata, count: u64, now: u64, out: &mut Vec<IntRecord>) {
+        let rec = IntDropRecord {
+            header: self.header(now),
+            switch_id: key.switch,
+            ingress_port: u32::from(md.l1_ingress_port.unwrap_or(0)),
+            egress_port: u32::from(md.l1_egress_port.unwrap_or(0)),
+            queue_id: u32::from(md.queue_id.unwrap_or(0)),
+            drop_reason: u32::from(key.reason),
+            drop_count: count,
+            five_tuple: Some(five_tuple(&key.flow)),
+        };
+        out.push(IntRecord { record: Some(int_record::Record::Drop(rec)) });
+    }
+
+    fn flow_events(&mut self, r: &Report<'_>, key: FlowKey, hops: &[HopMetadata], stacked: bool, now: u64, out: &mut Vec<IntRecord>) {
+        let cfg = self.cfg.clone();
+        let mut reason = None;
+        let fs = match self.flows.get_mut(&key) {
+            Some(fs) => fs,
+            None => {
+                self.counters.flows += 1;
+                self.flows.entry(key).or_insert(FlowState {
+                    path: [0; MAX_HOPS],
+                    hops: [HopState::default(); MAX_HOPS],
+                    len: 0,
+                    first_seen_ns: now,
+                    last_seen_ns: now,
+                    last_export_ns: now,
+                    reports: 0,
+                    last_seq: 0,
+                    reporter: r.node_id,
+                    announced: stacked,
+                    stacked,
+                })
+            }
+        };
+        let is_new = fs.reports == 0;
+        fs.reports += 1;
+        fs.last_seen_ns = now;
+        fs.last_seq = r.sequence;
+        fs.reporter = r.node_id;
+        if stacked {
+            fs.stacked = true;
+            let same = fs.len == hops.len()
+                && hops.iter().zip(&fs.path[..fs.len]).all(|(h, p)| h.node_id.unwrap_or(0) == *p);
+            if !same {
+                fs.len = hops.len();
+                for (i, h) in hops.iter().enumerate() {
+                    fs.path[i] = h.node_id.unwrap_or(0);
+                    fs.hops[i] = HopState { md: *h, ..HopState::default() };
+                }
+                reason = Some(if is_new { IntEventReason::NewFlow } else { IntEventReason::PathChange });
+                fs.announced = true;
+            }
+        } else {
+            // Per-hop report: find (or append) its switch on the flow's path.
+            let h = hops[hops.len() - 1];
+            let id = h.node_id.unwrap_or(0);
+            if !fs.path[..fs.len].contains(&id) && fs.len < MAX_HOPS {
+                fs.path[fs.len] = id;
+                fs.hops[fs.len] = HopState { md: h, ..HopState::default() };
+                fs.len += 1;
+                if fs.announced {
+                    reason = Some(IntEventReason::PathChange);
+                }
+            }
+        }
+        // Hop values: update, and compare quantised values with the exported baseline.
+        let lq = cfg.latency_quantum_ns;
+        let qq = cfg.queue_quantum_cells;
+        for h in hops {
+            let Some(i) = fs.path[..fs.len].iter().position(|p| Some(*p) == h.node_id) else { continue };
+            let st = &mut fs.hops[i];
+            st.md = *h;
+            if reason.is_some() {
+                continue;
+            }
+            if let Some(l) = h.hop_latency {
+                if changed(st.exported_latency, quantise(l, lq), cfg.latency_abs_ns, cfg.latency_rel) {
+                    reason = Some(IntEventReason::LatencyChange);
+                }
+            }
+            if let Some(q) = h.queue_occupancy {
+                if reason.is_none() && changed(st.exported_queue, quantise(q, qq), cfg.queue_abs_cells, cfg.queue_rel) {
+                    reason = Some(IntEventReason::QueueChange);
+                }
+            }
+        }
+        if !fs.announced {
+            if now.saturating_sub(fs.first_seen_ns) >= cfg.settle_ns {
+                fs.announced = true;
+                reason = Some(IntEventReason::NewFlow);
+            } else {
+                // Baselines start from the first values seen.
+                for st in &mut fs.hops[..fs.len] {
+                    st.exported_latency = st.md.hop_latency.map(|l| quantise(l, lq));
+                    st.exported_queue = st.md.queue_occupancy.map(|q| quantise(q, qq));
+                }
+            }
+        }
+        if let Some(reason) = reason {
+            self.export_flow(key, reason, now, out);
+        }
+    }
+
+    fn export_flow(&mut self, key: FlowKey, reason: IntEventReason, now: u64, out: &mut Vec<IntRecord>) {
+        let lq = self.cfg.latency_quantum_ns;
+        let qq = self.cfg.queue_quantum_cells;
+        let header = self.header(now);
+        let hop_headers: Vec<_> = if self.cfg.hop_records {
+            let len = self.flows.get(&key).map_or(0, |f| f.len);
+            (0..len).map(|_| self.header(now)).collect()
+        } else {
+            Vec::new()
+        };
+        let Some(fs) = self.flows.get_mut(&key) else { return };
+        for st in &mut fs.hops[..fs.len] {
+            st.exported_latency = st.md.hop_latency.map(|l| quantise(l, lq));
+            st.exported_queue = st.md.queue_occupancy.map(|q| quantise(q, qq));
+        }
+        fs.last_export_ns = now;
+        fs.reports = fs.reports.max(1);
+        let full = self.cfg.tx_util_full_scale;
+        let hops: Vec<IntHop> = fs.hops[..fs.len].iter().map(|s| int_hop(&s.md, full)).collect();
+        let e2e = end_to_end(&fs.hops[..fs.len]);
+        let tuple = five_tuple(&key);
+        for (i, (h, header)) in hops.iter().zip(hop_headers).enumerate() {
+            let rec = cgloop_proto::v1::IntHopRecord { header, five_tuple: Some(tuple.clone()), hop_index: i as u32, hop: Some(h.clone()) };
+            out.push(IntRecord { record: Some(int_record::Record::Hop(rec)) });
+        }
+        let rec = IntFlowRecord {
+            header,
+            five_tuple: Some(tuple),
+            path_switch_ids: fs.path[..fs.len].to_vec(),
+            hops,
+            end_to_end_latency_ns: e2e,
+            reason: reason as i32,
+            report_sequence: fs.last_seq,
+        };
+        fs.reports = 0;
+        out.push(IntRecord { record: Some(int_record::Record::Flow(rec)) });
+    }
+
+    /// Time-driven rules: periodic summaries, settling per-hop flows, drop flushes, expiry.
+    pub fn tick(&mut self, now: u64, out: &mut Vec<IntRecord>) {
+        let interval = self.cfg.summary_interval_ns;
+        let timeout = self.cfg.flow_timeout_ns;
+        let settle = self.cfg.settle_ns;
+        let mut due: Vec<(FlowKey, IntEventReason)> = Vec::new();
+        let mut expired = 0u64;
+        self.flows.retain(|k, fs| {
+            if now.saturating_sub(fs.last_seen_ns) >= timeout {
+                expired += 1;
+                return false;
+            }
+            if !fs.announced && now.saturating_sub(fs.first_seen_ns) >= settle {
+                fs.announced = true;
+                due.push((*k, IntEventReason::NewFlow));
+            } else if fs.announced && fs.reports > 0 && now.saturating_sub(fs.last_export_ns) >= interval {
+                due.push((*k, IntEventReason::Periodic));
+            }
+            true
+        });
+        self.counters.flows_expired += expired;
+        for (k, reason) in due {
+            self.export_flow(k, reason, now, out);
+        }
+        let mut flush = Vec::new();
+        self.drops.retain(|k, d| {
+            if d.pending > 0 && now.saturating_sub(d.last_export_ns) >= interval {
+                flush.push((*k, d.md, std::mem::take(&mut d.pending)));
+                d.last_export_ns = now;
+            }
+            now.saturating_sub(d.last_export_ns) < timeout
+        });
+        for (k, md, count) in flush {
+            self.push_drop(k, md, count, now, out);
+        }
+    }
+
+    fn tx_util(&self, h: &HopMetadata) -> f64 {
+        tx_util(h, self.cfg.tx_util_full_scale)
+    }
+}
+
+fn tx_util(h: &HopMetadata, full: u32) -> f64 {
+    h.egress_tx_util.map_or(0.0, |u| f64::from(u) / f64::from(full.max(1)))
+}
+
+fn int_hop(md: &HopMetadata, full: u32) -> IntHop {
+    IntHop {
+        switch_id: md.node_id.unwrap_or(0),
+        ingress_port: u32::from(md.l1_ingress_port.unwrap_or(0)),
+        egress_port: u32::from(md.l1_egress_port.unwrap_or(0)),
+        hop_latency_ns: u64::from(md.hop_latency.unwrap_or(0)),
+        queue_id: u32::from(md.queue_id.unwrap_or(0)),
+        queue_occupancy_cells: md.queue_occupancy.unwrap_or(0),
+        egress_tx_utilization: tx_util(md, full),
+        ingress_timestamp_ns: md.ingress_timestamp.unwrap_or(0),
+        egress_timestamp_ns: md.egress_timestamp.unwrap_or(0),
+    }
+}
+
+/// Source ingress to sink egress when both 64-bit timestamps exist and are ordered; otherwise
+/// the sum of hop latencies (switch clocks need not be synchronised).
+fn end_to_end(hops: &[HopState]) -> u64 {
+    let first = hops.first().and_then(|h| h.md.ingress_timestamp);
+    let last = hops.last().and_then(|h| h.md.egress_timestamp);
+    match (first, last) {
+        (Some(a), Some(b)) if b > a && a > u64::from(u32::MAX) => b - a,
+        _ => hops.iter().map(|h| u64::from(h.md.hop_latency.unwrap_or(0))).sum(),
+    }
+}
+
+pub fn five_tuple(k: &FlowKey) -> FiveTuple {
+    FiveTuple {
+        src_addr: k.src_addr().to_vec(),
+        dst_addr: k.dst_addr().to_vec(),
+        src_port: u32::from(k.src_port),
+        dst_port: u32::from(k.dst_port),
+        ip_protocol: u32::from(k.proto),
+    }
+}
