@@ -1,8 +1,95 @@
-"""`cgloop analytics …` commands."""
+"""`cgloop analytics …`, `cgloop train` and `cgloop evaluate`."""
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+console = Console(stderr=True)
+
+
+def default_model_path() -> Path:
+    from cgloop.config import settings
+
+    return settings().state_dir / "analytics" / "flow-classifier.skops"
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console)
+
+
+DataRoot = Annotated[Path | None, typer.Option(help="folder with the real data (../shared/data)")]
+MaxBg = Annotated[int, typer.Option(help="background flows sampled per Xbox capture")]
+SynthN = Annotated[int, typer.Option(help="synthetic sessions per platform (marked synthetic)")]
+
+
+def _examples(data_root: Path | None, max_background: int, synthetic: int):
+    from cgloop.analytics.datasets import build_examples, load_all
+
+    with console.status("loading real captures and synthetic sessions"):
+        flows = load_all(data_root, max_background=max_background,
+                         synthetic_per_platform=synthetic)
+    with _progress() as prog:
+        task = prog.add_task("features", total=len(flows))
+        ex = build_examples(flows, progress=lambda: prog.advance(task))
+    return ex
+
+
+def _cross_validate(ex, folds: int):
+    from cgloop.analytics.evaluate import cross_validate
+
+    with _progress() as prog:
+        task = prog.add_task("held-out captures", total=folds)
+        return cross_validate(ex, n_splits=folds, progress=lambda: prog.advance(task))
+
+
+def train_cmd(
+    out: Annotated[Path | None, typer.Option(help="model file to write")] = None,
+    data_root: DataRoot = None,
+    max_background: MaxBg = 150,
+    synthetic: SynthN = 3,
+    folds: Annotated[int, typer.Option(help="grouped CV folds for the metrics in the card")] = 5,
+) -> None:
+    """Train the gaming-flow classifier on real + synthetic data; save a skops model file."""
+    from cgloop.analytics.evaluate import train
+    from cgloop.analytics.model import save
+
+    out = out or default_model_path()
+    ex = _examples(data_root, max_background, synthetic)
+    ev = _cross_validate(ex, folds)
+    with console.status("training the final model on every capture"):
+        model, card = train(ex, ev)
+        card = save(model, card, out)
+    console.print(f"model {card.version} → {out}")
+    print(json.dumps({"model": str(out), "version": card.version, "metrics": card.metrics,
+                      "training_data_sha256": card.training_data_sha256}, indent=2))
+
+
+def evaluate_cmd(
+    out_dir: Annotated[Path, typer.Option(help="report folder")] = Path("analytics-report"),
+    model: Annotated[Path | None, typer.Option(help="model whose card to show")] = None,
+    data_root: DataRoot = None,
+    max_background: MaxBg = 150,
+    synthetic: SynthN = 3,
+    folds: int = 5,
+) -> None:
+    """Evaluate on whole held-out captures; write report.html, PNG plots and metrics.json."""
+    from cgloop.analytics.evaluate import write_report
+    from cgloop.analytics.model import read_card
+
+    card = read_card(model) if model else None
+    ex = _examples(data_root, max_background, synthetic)
+    ev = _cross_validate(ex, folds)
+    path = write_report(ev, out_dir, card)
+    console.print(f"report → {path}")
+    print(json.dumps({"report": str(path), **ev.metrics()}, indent=2))
 
 
 def register(app: typer.Typer) -> None:
@@ -11,3 +98,96 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(sub, name="analytics")
+    app.command("train")(train_cmd)
+    app.command("evaluate")(evaluate_cmd)
+    sub.command("train")(train_cmd)
+    sub.command("evaluate")(evaluate_cmd)
+
+    @sub.command("run")
+    def run(
+        model: Annotated[Path | None, typer.Option(help="model file (cgloop train)")] = None,
+        group: Annotated[str, typer.Option(help="consumer group")] = "cgloop-analytics",
+        state: Annotated[Path | None, typer.Option(help="worker state file")] = None,
+        max_idle_s: Annotated[float | None, typer.Option(help="exit after idle seconds")] = None,
+        anomaly: Annotated[bool, typer.Option(help="emit flow-anomaly detections")] = True,
+    ) -> None:
+        """Consume flows/INT/probes/nodes, emit detections to cgloop.detections.v1."""
+        from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
+        from cgloop.analytics.model import load
+        from cgloop.analytics.worker import Worker
+        from cgloop.config import settings
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        path = model or default_model_path()
+        clf, version = None, ""
+        if path.exists():
+            clf, card = load(path)
+            version = card.version
+            console.print(f"model {card.version} from {path}")
+        else:
+            console.print(f"[yellow]no model at {path}: classification off (run `cgloop train`)")
+        engine = AnalyticsEngine(clf, version, EngineConfig(anomaly=anomaly))
+        st = settings()
+        worker = Worker(engine, st.bootstrap_servers,
+                        state or st.state_dir / "analytics" / f"worker-{group}.json", group)
+        stats = worker.run(max_idle_s=max_idle_s)
+        console.print(f"stopped: {stats.messages} messages, {stats.records} records, "
+                      f"{stats.detections} detections, {stats.skipped_replays} replays skipped")
+
+    @sub.command("pcap")
+    def pcap(
+        file: Path,
+        interval_ms: Annotated[int, typer.Option(help="export interval")] = 100,
+        limit: Annotated[int, typer.Option(help="records to print (0: all)")] = 20,
+    ) -> None:
+        """Turn a pcap into FlowRecords (offline stand-in for the probe) and print them."""
+        from cgloop.analytics.pcap import PcapError, PcapStats, records_from_pcap
+        from google.protobuf.json_format import MessageToDict
+
+        stats = PcapStats()
+        try:
+            recs = records_from_pcap(file, interval_ms * 1_000_000, stats=stats)
+        except PcapError as exc:
+            console.print(f"[red]{exc}")
+            raise typer.Exit(2) from exc
+        for r in recs[: limit or None]:
+            print(json.dumps(MessageToDict(r)))
+        console.print(f"{len(recs)} records from {stats}")
+
+    @sub.command("detect-pcap")
+    def detect_pcap(
+        file: Path,
+        model: Annotated[Path | None, typer.Option(help="model file")] = None,
+    ) -> None:
+        """Run every detector (and the classifier) over a pcap; print the detections."""
+        from cgloop.analytics.engine import AnalyticsEngine
+        from cgloop.analytics.model import load
+        from cgloop.analytics.pcap import PcapError, records_from_pcap
+        from google.protobuf.json_format import MessageToDict
+
+        path = model or default_model_path()
+        clf, version = (load(path)[0], load(path)[1].version) if path.exists() else (None, "")
+        engine = AnalyticsEngine(clf, version)
+        try:
+            recs = records_from_pcap(file)
+        except PcapError as exc:
+            console.print(f"[red]{exc}")
+            raise typer.Exit(2) from exc
+        n = 0
+        for r in recs:
+            for d in engine.on_flows([r]):
+                n += 1
+                print(json.dumps(MessageToDict(d)))
+        console.print(f"{n} detections from {len(recs)} records")
+
+    @sub.command("model-info")
+    def model_info(path: Path) -> None:
+        """Verify a model file (hash, format, types) and print its card."""
+        from cgloop.analytics.model import ModelError, load
+
+        try:
+            _, card = load(path)
+        except ModelError as exc:
+            console.print(f"[red]{exc}")
+            raise typer.Exit(1) from exc
+        print(card.model_dump_json(indent=2))

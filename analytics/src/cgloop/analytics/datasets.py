@@ -7,7 +7,7 @@ Every source ends as LabelledFlow objects holding FlowRecords, so features alway
   summary row per flow direction (mean size, mean gap, frames). Each row is expanded into a
   stationary packet sequence with those means (no variance is published, so none is invented)
   and accumulated into interval records. Label: the UDP pair with an Xbox Cloud Gaming server
-  in 13.104.0.0/16 on a port in 1000–1120 is `cloud_gaming` (platform xc); every other row is
+  in 13.104.0.0/16 on a port in 1000-1120 is `cloud_gaming` (platform xc); every other row is
   real background (`web_other`).
 * nDPI test pcaps (ntop/nDPI, LGPL-3.0): packets → records via `pcap.records_from_pcap`; each
   conversation is labelled from nDPI's own dissection in the `.out` file next to the pcap.
@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
 from cgloop.analytics.features import FEATURE_NAMES, conversations, window_features
 from cgloop.analytics.pcap import records_from_pcap
 from cgloop.analytics.records import NS, IntervalAccumulator, Packet, conversation_key
@@ -91,7 +90,8 @@ def _expand_row(row: dict[str, str], seed: int, start_ns: int) -> list[Packet]:
     """A stationary packet sequence with the row's means (size, gaps, frames)."""
     src = ipaddress.ip_address(row["SrcIP"]).packed
     dst = ipaddress.ip_address(row["DstIP"]).packed
-    proto = 17 if row["Protocol"].upper() == "UDP" else 6 if row["Protocol"].upper() == "TCP" else 0
+    transport = row["Protocol"].upper()
+    proto = {"UDP": 17, "TCP": 6}.get(transport, 0)
     key = (src, dst, int(_f(row["SrcPort"])), int(_f(row["DstPort"])), proto)
     n_total = max(1, int(_f(row["FlowSizePackets"])))
     size = max(20, round(_f(row["PS"])))
@@ -163,7 +163,8 @@ def xbox_flows(root: Path, max_background: int | None = None, seed: int = 0) -> 
             acc = IntervalAccumulator(source_id=f"dataset/{capture}")
             packets: list[Packet] = []
             for i, row in enumerate(pairs[k]):
-                packets += _expand_row(row, seed=zlib.crc32(f"{capture}/{j}/{i}".encode()), start_ns=start)
+                seed = zlib.crc32(f"{capture}/{j}/{i}".encode())
+                packets += _expand_row(row, seed=seed, start_ns=start)
             packets.sort(key=lambda p: p.ts_ns)
             recs: list[FlowRecord] = []
             for p in packets:

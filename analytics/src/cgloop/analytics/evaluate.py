@@ -18,14 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sklearn.metrics import (
-    confusion_matrix,
-    precision_recall_curve,
-    precision_recall_fscore_support,
-)
-from sklearn.model_selection import GroupKFold
-
-from cgloop.analytics.datasets import CLASSES, PREFIXES_S, Examples, LabelledFlow
+from cgloop.analytics.datasets import CLASSES, PREFIXES_S, Examples
 from cgloop.analytics.features import CLASSIFIER_FEATURES
 from cgloop.analytics.model import (
     FORMAT_VERSION,
@@ -34,6 +27,12 @@ from cgloop.analytics.model import (
     ModelCard,
     new_version,
 )
+from sklearn.metrics import (
+    confusion_matrix,
+    precision_recall_curve,
+    precision_recall_fscore_support,
+)
+from sklearn.model_selection import GroupKFold
 
 # A decision counts once the top class has at least this probability.
 DECISION_CONFIDENCE = 0.8
@@ -131,9 +130,10 @@ def cross_validate(
     plat_acc = {}
     last = {}
     for i in range(len(ex.y)):
-        if ex.y[i] == "cloud_gaming" and ex.platform[i]:
-            if ex.flow[i] not in last or ex.prefix_s[i] > ex.prefix_s[last[ex.flow[i]]]:
-                last[ex.flow[i]] = i
+        if (ex.y[i] == "cloud_gaming" and ex.platform[i]) and (
+            ex.flow[i] not in last or ex.prefix_s[i] > ex.prefix_s[last[ex.flow[i]]]
+        ):
+            last[ex.flow[i]] = i
     for kind, want in (("real", False), ("synthetic", True)):
         idx = [i for i in last.values() if ex.synthetic[i] == want]
         if idx:
@@ -232,7 +232,7 @@ def write_report(ev: Evaluation, out_dir: Path, card: ModelCard | None = None) -
         ys = [0.0, 0.0]
         for k in range(1, len(finite) + 1):
             ys += [k / len(t), k / len(t)]
-        ys = ys[: len(xs) - 1] + [len(finite) / len(t)]
+        ys = [*ys[: len(xs) - 1], len(finite) / len(t)]
         ax.plot(xs, ys, label=f"{c} (n={len(t)})")
     ax.set_xscale("symlog", linthresh=0.5)
     ax.set_xlabel(f"seconds of flow until confident (p >= {DECISION_CONFIDENCE}) and right")

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from cgloop.analytics.records import NS, TupleKey, conversation_key, tuple_key
 from cgloop.v1.flow_pb2 import FlowRecord
 

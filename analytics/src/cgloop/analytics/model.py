@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import skops.io as sio
+from cgloop.analytics.features import CLASSIFIER_FEATURES, FEATURE_NAMES, INDEX
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.ensemble import RandomForestClassifier
-
-from cgloop.analytics.features import CLASSIFIER_FEATURES, FEATURE_NAMES, INDEX
+from sklearn.ensemble import IsolationForest, RandomForestClassifier
 
 MODEL_FORMAT = "cgloop.flow-classifier"
 FORMAT_VERSION = 1
@@ -65,6 +64,11 @@ class ModelCard(BaseModel):
     metrics: dict[str, float | dict[str, float]]
     content_sha256: str = ""
     hmac_sha256: str = ""
+
+
+def _anomaly_space(X) -> np.ndarray:
+    # Rates and sizes span orders of magnitude: compare them on a log scale.
+    return np.log1p(np.abs(np.asarray(X, dtype=np.float64)))
 
 
 class FlowClassifier(ClassifierMixin, BaseEstimator):
@@ -115,7 +119,17 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
             mask = (y == "cloud_gaming") & (platform != "")
             if len(set(platform[mask])) > 1:
                 self.platform_forest_ = self._forest().fit(Xs[mask], platform[mask])
+        # Unknown-anomaly model over ALL features (dashboards only, never remediation).
+        self.anomaly_ = IsolationForest(
+            n_estimators=100, contamination=0.01, random_state=self.random_state
+        ).fit(_anomaly_space(X))
         return self
+
+    def anomaly_score(self, X) -> np.ndarray:
+        """IsolationForest decision function: negative means anomalous (lower is stranger)."""
+        if getattr(self, "anomaly_", None) is None:
+            return np.zeros(len(X))
+        return self.anomaly_.decision_function(_anomaly_space(X))
 
     def predict_proba(self, X) -> np.ndarray:
         return self.forest_.predict_proba(self._select(X))
@@ -160,6 +174,8 @@ def save(model: FlowClassifier, card: ModelCard, path: Path | str) -> ModelCard:
     payload = {"forest": model.forest_}
     if model.platform_forest_ is not None:
         payload["platform_forest"] = model.platform_forest_
+    if getattr(model, "anomaly_", None) is not None:
+        payload["anomaly"] = model.anomaly_
     buf = io.BytesIO(sio.dumps(payload))
     with zipfile.ZipFile(buf, "a") as zf:
         card = card.model_copy(update={"content_sha256": _content_hash(zf)})
@@ -193,8 +209,9 @@ def read_card(path: Path | str) -> ModelCard:
         )
     if not hmac.compare_digest(actual, card.content_sha256):
         raise ModelError(f"{path}: content hash mismatch: the model file was modified or corrupted")
-    if os.environ.get(KEY_ENV):
-        if not card.hmac_sha256 or not hmac.compare_digest(_sign(card), card.hmac_sha256):
+    if os.environ.get(KEY_ENV) and (
+        not card.hmac_sha256 or not hmac.compare_digest(_sign(card), card.hmac_sha256)
+    ):
             raise ModelError(f"{path}: signature does not verify with {KEY_ENV}")
     return card
 
@@ -219,4 +236,5 @@ def load(path: Path | str) -> tuple[FlowClassifier, ModelCard]:
     model.forest_ = payload["forest"]
     model.classes_ = model.forest_.classes_
     model.platform_forest_ = payload.get("platform_forest")
+    model.anomaly_ = payload.get("anomaly")
     return model, card

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dpkt
-
 from cgloop.analytics.records import (
     DEFAULT_INTERVAL_NS,
     IntervalAccumulator,
@@ -54,7 +53,7 @@ def _rtp_fields(payload: bytes) -> tuple[int, int, int, int, bool] | None:
     if len(payload) < 12 or payload[0] >> 6 != 2:
         return None
     pt = payload[1] & 0x7F
-    # 72–76 are RTCP packet types (RFC 5761 muxing); dynamic/static media types only.
+    # 72-76 are RTCP packet types (RFC 5761 muxing); dynamic/static media types only.
     if 72 <= pt <= 76:
         return None
     seq, ts, ssrc = struct.unpack("!HII", payload[2:12])
@@ -108,11 +107,11 @@ def packets_from_pcap(path: Path, stats: PcapStats | None = None) -> Iterator[Pa
             elif isinstance(l4, dpkt.udp.UDP):
                 sport, dport = l4.sport, l4.dport
                 rtp = _rtp_fields(bytes(l4.data))
-            ts_ns = int(round(float(ts) * 1e9))
+            ts_ns = round(float(ts) * 1e9)
             p = Packet(
                 ts_ns=ts_ns,
                 key=(src, dst, sport, dport, proto),
-                length=int(length),
+                length=length,
                 ecn=tos & 3,
                 dscp=tos >> 2,
                 tcp_flags=flags,

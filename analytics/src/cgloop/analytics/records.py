@@ -1,4 +1,4 @@
-"""Packets → FlowRecord interval records, the shape the XDP probe exports (proto/cgloop/v1/flow.proto).
+"""Packets → FlowRecord interval records, the shape the XDP probe exports (flow.proto).
 
 The pcap reader (`pcap.py`) and the synthetic traffic generator (`synthetic.py`) both feed
 packets through `IntervalAccumulator`, so features computed downstream see exactly the record

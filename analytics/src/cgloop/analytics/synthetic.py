@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from cgloop.analytics.records import NS, IntervalAccumulator, Packet
 from cgloop.v1.flow_pb2 import FlowRecord
 
@@ -25,7 +24,7 @@ class PlatformProfile:
     mtu_payload: int = 1400
 
 
-# Nominal downstream rates from MOSAICO §2.1 (Stadia 25–30: midpoint).
+# Nominal downstream rates from MOSAICO §2.1 (Stadia 25-30: midpoint).
 PROFILES: dict[str, PlatformProfile] = {
     "gfn": PlatformProfile("gfn", 33.0),
     "std": PlatformProfile("std", 27.5),

@@ -1,0 +1,227 @@
+"""Latency, jitter, loss and throughput SLO breaches of gaming flows (per-platform profiles).
+
+Each (flow, metric) is a series with a robust baseline (median and MAD of recent normal
+samples), an upward CUSUM on the standardised deviation, and a state machine: an episode fires
+only when the CUSUM has tripped AND the value has been past the platform's SLO threshold for at
+least `min_duration`; it clears after `clear_hold` below `clear_ratio` x threshold (hysteresis).
+A single spike therefore never fires, and an ongoing episode fires once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from cgloop.analytics.detectors.base import ev, make_detection
+from cgloop.analytics.records import NS, TupleKey, tuple_key
+from cgloop.v1.common_pb2 import FiveTuple
+from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
+from cgloop.v1.flow_pb2 import FlowRecord
+
+
+@dataclass(frozen=True)
+class SloProfile:
+    """Per-platform service objectives (named defaults from domain.md §1, MOSAICO Table 2.1)."""
+
+    latency_ms: float = 60.0
+    jitter_ms: float = 5.0
+    loss: float = 0.05
+    min_down_mbps: float = 8.0
+
+
+PLATFORM_SLOS: dict[str, SloProfile] = {
+    # 2 ms of jitter already doubles GFN's rate; GFN tolerates 100 ms added latency.
+    "gfn": SloProfile(latency_ms=100.0, jitter_ms=2.0, loss=0.05, min_down_mbps=15.0),
+    # Stadia needs >= 10 Mbit/s.
+    "std": SloProfile(latency_ms=60.0, jitter_ms=5.0, loss=0.05, min_down_mbps=10.0),
+    # PSN fails above 5 % loss and under any jitter: tighter thresholds.
+    "psn": SloProfile(latency_ms=60.0, jitter_ms=2.0, loss=0.02, min_down_mbps=10.0),
+    "xc": SloProfile(latency_ms=60.0, jitter_ms=5.0, loss=0.05, min_down_mbps=8.0),
+    "": SloProfile(),
+}
+
+
+@dataclass
+class SeriesParams:
+    min_duration_ns: int = 1 * NS
+    clear_hold_ns: int = 2 * NS
+    clear_ratio: float = 0.7
+    cusum_k: float = 0.5  # slack, in robust standard deviations
+    cusum_h: float = 5.0  # decision interval
+    history: int = 120  # normal samples kept for the baseline
+
+
+@dataclass
+class _Series:
+    threshold: float
+    upward: bool  # True: breach when above (latency, jitter, loss); False: below (throughput)
+    p: SeriesParams
+    normal: deque = field(default_factory=deque)
+    cusum: float = 0.0
+    over_since: int | None = None
+    below_since: int | None = None
+    in_episode: bool = False
+    episode_start: int = 0
+    peak: float = 0.0
+
+    def _sign(self, x: float) -> float:
+        return x if self.upward else -x
+
+    def baseline(self) -> tuple[float, float]:
+        if not self.normal:
+            return (self.threshold * (0.3 if self.upward else 3.0), abs(self.threshold) * 0.1)
+        arr = np.fromiter(self.normal, dtype=float)
+        med = float(np.median(arr))
+        mad = float(np.median(np.abs(arr - med))) * 1.4826
+        return med, max(mad, abs(self.threshold) * 0.05)
+
+    def update(self, t: int, x: float) -> dict | None:
+        med, sigma = self.baseline()
+        z = (self._sign(x) - self._sign(med)) / sigma
+        self.cusum = max(0.0, self.cusum + z - self.p.cusum_k)
+        over = self._sign(x) >= self._sign(self.threshold)
+        if over:
+            self.over_since = t if self.over_since is None else self.over_since
+            self.peak = max(self.peak, x) if self.upward else min(self.peak or x, x)
+        else:
+            self.over_since = None
+        if not self.in_episode:
+            if not over and self._sign(x) < self._sign(self.threshold * self.p.clear_ratio):
+                self.normal.append(x)
+                while len(self.normal) > self.p.history:
+                    self.normal.popleft()
+            if (
+                over
+                and self.cusum > self.p.cusum_h
+                and t - self.over_since >= self.p.min_duration_ns
+            ):
+                self.in_episode, self.episode_start = True, self.over_since
+                return {
+                    "value": x, "peak": self.peak, "baseline": med, "cusum": self.cusum,
+                    "start": self.over_since,
+                }
+            return None
+        # in an episode: clear after clear_hold below clear_ratio x threshold
+        if self._sign(x) < self._sign(self.threshold * self.p.clear_ratio):
+            self.below_since = t if self.below_since is None else self.below_since
+            if t - self.below_since >= self.p.clear_hold_ns:
+                self.in_episode, self.below_since, self.cusum, self.peak = False, None, 0.0, 0.0
+        else:
+            self.below_since = None
+        return None
+
+
+_METRICS = {
+    # metric: (kind, unit, evidence name, upward)
+    "latency": (DetectionKind.DETECTION_KIND_SLO_LATENCY, "ms", "latency_ms", True),
+    "jitter": (DetectionKind.DETECTION_KIND_SLO_JITTER, "ms", "rtp_jitter_ms", True),
+    "loss": (DetectionKind.DETECTION_KIND_SLO_LOSS, "ratio", "loss_fraction", True),
+    "throughput": (DetectionKind.DETECTION_KIND_SLO_THROUGHPUT, "Mbit/s", "down_mbps", False),
+}
+
+
+@dataclass
+class _Flow:
+    platform: str
+    five_tuple: FiveTuple
+    down: bool
+    series: dict[str, _Series]
+    last_seen: int = 0
+
+
+class SloDetector:
+    """SLO breaches of flows registered as gaming (`watch`), from flow records and latency
+    samples (INT end-to-end latency, active probes)."""
+
+    name = "slo"
+
+    def __init__(
+        self,
+        profiles: dict[str, SloProfile] | None = None,
+        params: SeriesParams | None = None,
+        max_flows: int = 10_000,
+        idle_ns: int = 30 * NS,
+    ) -> None:
+        self.profiles = profiles or PLATFORM_SLOS
+        self.params = params or SeriesParams()
+        self.max_flows = max_flows
+        self.idle_ns = idle_ns
+        self.flows: dict[TupleKey, _Flow] = {}
+
+    def watch(
+        self, five_tuple: FiveTuple, platform: str, down: bool = True, t_ns: int = 0
+    ) -> None:
+        key = tuple_key(five_tuple)
+        if key in self.flows:
+            return
+        if len(self.flows) >= self.max_flows:
+            oldest = min(self.flows, key=lambda k: self.flows[k].last_seen)
+            del self.flows[oldest]
+        prof = self.profiles.get(platform, self.profiles[""])
+        thr = {
+            "latency": prof.latency_ms, "jitter": prof.jitter_ms, "loss": prof.loss,
+            "throughput": prof.min_down_mbps,
+        }
+        self.flows[key] = _Flow(
+            platform, FiveTuple(**{f.name: getattr(five_tuple, f.name)
+                                   for f in FiveTuple.DESCRIPTOR.fields}), down,
+            {m: _Series(thr[m], _METRICS[m][3], self.params) for m in _METRICS},
+            last_seen=t_ns,
+        )
+
+    def watching(self, five_tuple: FiveTuple) -> bool:
+        return tuple_key(five_tuple) in self.flows
+
+    def _sample(self, fl: _Flow, metric: str, t: int, x: float, window: tuple[int, int]):
+        hit = fl.series[metric].update(t, x)
+        if hit is None:
+            return None
+        kind, unit, name, _ = _METRICS[metric]
+        s = fl.series[metric]
+        ratio = (hit["peak"] / s.threshold) if s.upward else (s.threshold / max(hit["peak"], 1e-9))
+        severity = Severity.SEVERITY_MAJOR if ratio >= 2 else Severity.SEVERITY_MINOR
+        conf = min(1.0, 0.5 + hit["cusum"] / (4 * self.params.cusum_h))
+        return make_detection(
+            kind, severity, conf,
+            [
+                ev(name, hit["value"], s.threshold, hit["baseline"], unit),
+                ev(f"peak_{name}", hit["peak"], s.threshold, hit["baseline"], unit),
+                ev("cusum", hit["cusum"], self.params.cusum_h, 0.0, "sigma"),
+                ev("duration_s", (t - hit["start"]) / NS, self.params.min_duration_ns / NS, 0.0,
+                   "s"),
+            ],
+            self.name, (hit["start"], window[1]), fl.five_tuple, hit["start"],
+            labels={"platform": fl.platform, "metric": metric},
+        )
+
+    def on_flow(self, r: FlowRecord) -> list[Detection]:
+        fl = self.flows.get(tuple_key(r.five_tuple))
+        if fl is None:
+            return []
+        fl.last_seen = r.interval_end_ns
+        t, w = r.interval_end_ns, (r.interval_start_ns, r.interval_end_ns)
+        out = []
+        if r.HasField("rtp"):
+            got = r.packets + r.rtp.lost_packets
+            out.append(self._sample(fl, "jitter", t, r.rtp.jitter_ns / 1e6, w))
+            if got:
+                out.append(self._sample(fl, "loss", t, r.rtp.lost_packets / got, w))
+        if fl.down and r.interval_end_ns > r.interval_start_ns:
+            mbps = r.bytes * 8 / ((r.interval_end_ns - r.interval_start_ns) / NS) / 1e6
+            out.append(self._sample(fl, "throughput", t, mbps, w))
+        return [d for d in out if d is not None]
+
+    def on_latency(self, five_tuple: FiveTuple, t_ns: int, latency_ns: float) -> list[Detection]:
+        fl = self.flows.get(tuple_key(five_tuple))
+        if fl is None:
+            return []
+        fl.last_seen = t_ns
+        d = self._sample(fl, "latency", t_ns, latency_ns / 1e6, (t_ns, t_ns))
+        return [d] if d is not None else []
+
+    def evict(self, now_ns: int) -> int:
+        idle = [k for k, f in self.flows.items() if now_ns - f.last_seen > self.idle_ns]
+        for k in idle:
+            del self.flows[k]
+        return len(idle)

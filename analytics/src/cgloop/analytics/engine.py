@@ -1,0 +1,241 @@
+"""The analytics engine: records in, detections out, bounded state. No Kafka here.
+
+The streaming worker (`worker.py`) feeds it decoded batches; tests and the benchmark feed it
+directly. Per-conversation state is an LRU of at most `max_flows` conversations, each keeping
+only the last `window_s` of records; idle ones are evicted on `evict()`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from cgloop.analytics.detectors.base import Suppressor, ev, make_detection
+from cgloop.analytics.detectors.l4s import L4sAbuseDetector
+from cgloop.analytics.detectors.overload import QueueOverloadDetector
+from cgloop.analytics.detectors.slo import SloDetector
+from cgloop.analytics.features import FEATURE_NAMES, split_directions, window_features
+from cgloop.analytics.model import FlowClassifier
+from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label
+from cgloop.v1.common_pb2 import FiveTuple
+from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
+from cgloop.v1.flow_pb2 import FlowRecord
+from cgloop.v1.probe_pb2 import ProbeRecord
+
+DECISION_CONFIDENCE = 0.8
+ANOMALY_THRESHOLD = -0.05  # IsolationForest decision function below this is reported
+
+
+@dataclass
+class _Conv:
+    records: deque = field(default_factory=deque)
+    first_ns: int = 0
+    last_ns: int = 0
+    next_check_ns: int = 0
+    label: str = ""
+    anomaly_checked_ns: int = 0
+
+
+@dataclass
+class EngineConfig:
+    window_s: float = 5.0
+    check_every_s: float = 0.5
+    min_observed_s: float = 0.5
+    max_flows: int = 50_000
+    idle_s: float = 30.0
+    anomaly: bool = True  # detections for dashboards; labelled remediation=off
+
+
+class AnalyticsEngine:
+    def __init__(self, model: FlowClassifier | None, model_version: str = "",
+                 config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.model_version = model_version
+        self.cfg = config or EngineConfig()
+        self.slo = SloDetector()
+        self.l4s = L4sAbuseDetector()
+        self.overload = QueueOverloadDetector()
+        self.convs: OrderedDict[TupleKey, _Conv] = OrderedDict()
+        self.servers: dict[bytes, set[TupleKey]] = {}
+        self.last_sequence: dict[str, int] = {}
+        self.watermark_ns = 0
+        self.classified = 0
+
+    # ------------------------------------------------------------------ flows
+
+    def on_flows(self, records: list[FlowRecord]) -> list[Detection]:
+        out: list[Detection] = []
+        due: list[tuple[TupleKey, _Conv]] = []
+        for r in records:
+            out += self._sequence(r.header.source_id, r.header.sequence, r.interval_end_ns)
+            self.watermark_ns = max(self.watermark_ns, r.interval_end_ns)
+            out += self.l4s.on_flow(r)
+            out += self.slo.on_flow(r)
+            key = conversation_key(r.five_tuple)
+            conv = self.convs.get(key)
+            if conv is None:
+                conv = self.convs[key] = _Conv(first_ns=r.interval_start_ns)
+                conv.next_check_ns = r.interval_start_ns + int(self.cfg.min_observed_s * NS)
+                while len(self.convs) > self.cfg.max_flows:
+                    self.convs.popitem(last=False)
+            else:
+                self.convs.move_to_end(key)
+            conv.records.append(r)
+            conv.last_ns = max(conv.last_ns, r.interval_end_ns)
+            horizon = conv.last_ns - int(self.cfg.window_s * NS)
+            while conv.records and conv.records[0].interval_end_ns <= horizon:
+                conv.records.popleft()
+            if self.model is not None and not conv.label and conv.last_ns >= conv.next_check_ns:
+                due.append((key, conv))
+        if due:
+            out += self._classify(due)
+        return out
+
+    def _classify(self, due: list[tuple[TupleKey, _Conv]]) -> list[Detection]:
+        assert self.model is not None
+        uniq = {k: c for k, c in due}
+        keys = list(uniq)
+        X = np.vstack([window_features(list(uniq[k].records)) for k in keys])
+        proba = self.model.predict_proba(X)
+        classes = self.model.classes_
+        plat, plat_p = self.model.predict_platform(X)
+        scores = self.model.anomaly_score(X) if self.cfg.anomaly else None
+        out = []
+        for i, k in enumerate(keys):
+            conv = uniq[k]
+            conv.next_check_ns = conv.last_ns + int(self.cfg.check_every_s * NS)
+            j = int(proba[i].argmax())
+            self.classified += 1
+            if scores is not None and scores[i] < ANOMALY_THRESHOLD:
+                out.append(self._anomaly(conv, X[i], float(scores[i])))
+            if proba[i, j] < DECISION_CONFIDENCE:
+                continue
+            conv.label = str(classes[j])
+            if conv.label != "cloud_gaming":
+                continue
+            down, up = split_directions(list(conv.records))
+            if not down:
+                continue
+            d_ft = down[0].five_tuple
+            platform = str(plat[i])
+            self.slo.watch(d_ft, platform, down=True, t_ns=conv.last_ns)
+            if up:
+                self.slo.watch(up[0].five_tuple, platform, down=False, t_ns=conv.last_ns)
+            self.servers.setdefault(d_ft.src_addr, set()).add(k)
+            out.append(make_detection(
+                DetectionKind.DETECTION_KIND_GAMING_FLOW_CLASSIFIED, Severity.SEVERITY_INFO,
+                float(proba[i, j]),
+                [ev("p_cloud_gaming", proba[i, j], DECISION_CONFIDENCE, 0.0, "probability"),
+                 ev("p_platform", plat_p[i], 0.0, 0.0, "probability"),
+                 ev("observed_s", (conv.last_ns - conv.first_ns) / NS, self.cfg.min_observed_s,
+                    0.0, "s"),
+                 *(ev(n, X[i, FEATURE_NAMES.index(n)], 0.0, 0.0, u) for n, u in (
+                     ("dn_bps", "bps"), ("up_pps", "pps"), ("dn_burst_rate", "1/s")))],
+                "flow-classifier", (conv.first_ns, conv.last_ns), d_ft, conv.first_ns,
+                labels={"class": conv.label, "platform": platform, "flow": flow_label(d_ft)},
+                model_version=self.model_version or "untracked",
+            ))
+        return out
+
+    def _anomaly(self, conv: _Conv, x: np.ndarray, score: float) -> Detection:
+        r0 = conv.records[-1]
+        top = np.argsort(-np.abs(np.log1p(np.abs(x))))[:3]
+        return make_detection(
+            DetectionKind.DETECTION_KIND_FLOW_ANOMALY, Severity.SEVERITY_INFO,
+            min(1.0, 0.5 - score),
+            [ev("isolation_score", score, ANOMALY_THRESHOLD, 0.0, "score"),
+             *(ev(FEATURE_NAMES[i], x[i], 0.0, 0.0, "") for i in top)],
+            "flow-anomaly", (conv.first_ns, conv.last_ns), r0.five_tuple, conv.first_ns,
+            labels={"remediation": "off", "flow": flow_label(r0.five_tuple)},
+            model_version=self.model_version or "untracked",
+        )
+
+    # ------------------------------------------------------------------ other topics
+
+    def on_probes(self, records: list[ProbeRecord]) -> list[Detection]:
+        out: list[Detection] = []
+        for p in records:
+            out += self._sequence(p.header.source_id, p.header.sequence, p.header.timestamp_ns)
+            if p.lost or not p.rtt_ns:
+                continue
+            for key in self.servers.get(p.target_addr, ()):
+                conv = self.convs.get(key)
+                if conv is None or not conv.records:
+                    continue
+                down, _ = split_directions(list(conv.records))
+                if down:
+                    out += self.slo.on_latency(down[0].five_tuple, p.header.timestamp_ns,
+                                               p.rtt_ns)
+        return out
+
+    def on_int(self, records) -> list[Detection]:
+        out: list[Detection] = []
+        for env in records:
+            which = env.WhichOneof("record")
+            rec = getattr(env, which) if which else None
+            if rec is None:
+                continue
+            out += self._sequence(rec.header.source_id, rec.header.sequence,
+                                  rec.header.timestamp_ns)
+            if which == "queue":
+                out += self.overload.on_int_queue(rec)
+            elif which == "flow" and rec.end_to_end_latency_ns:
+                out += self.slo.on_latency(rec.five_tuple, rec.header.timestamp_ns,
+                                           rec.end_to_end_latency_ns)
+        return out
+
+    def on_nodes(self, records) -> list[Detection]:
+        out: list[Detection] = []
+        for n in records:
+            out += self._sequence(n.header.source_id, n.header.sequence, n.header.timestamp_ns)
+            out += self.overload.on_node(n)
+        return out
+
+    def _sequence(self, source: str, seq: int, t_ns: int) -> list[Detection]:
+        """A per-source sequence gap means telemetry was lost: the loop is partly blind."""
+        prev = self.last_sequence.get(source)
+        if seq > (prev or 0):
+            self.last_sequence[source] = seq
+        if prev is None or seq <= prev + 1:
+            return []
+        missing = seq - prev - 1
+        return [make_detection(
+            DetectionKind.DETECTION_KIND_TELEMETRY_GAP, Severity.SEVERITY_WARNING, 1.0,
+            [ev("missing_records", missing, 0, 0, "records")],
+            "telemetry-gap", (t_ns, t_ns), source, prev + 1, labels={"source": source},
+        )]
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def evict(self) -> int:
+        """Drop conversations and detector state idle for `idle_s` of event time."""
+        limit = self.watermark_ns - int(self.cfg.idle_s * NS)
+        n = 0
+        for k in [k for k, c in self.convs.items() if c.last_ns < limit]:
+            del self.convs[k]
+            n += 1
+        for addr in list(self.servers):
+            self.servers[addr] = {k for k in self.servers[addr] if k in self.convs}
+            if not self.servers[addr]:
+                del self.servers[addr]
+        n += self.slo.evict(self.watermark_ns) + self.l4s.evict(self.watermark_ns)
+        n += self.overload.evict(self.watermark_ns)
+        return n
+
+    def state_size(self) -> dict[str, int]:
+        return {
+            "conversations": len(self.convs),
+            "records": sum(len(c.records) for c in self.convs.values()),
+            "slo_flows": len(self.slo.flows),
+            "l4s_flows": len(self.l4s.flows),
+            "overload_subjects": len(self.overload.subjects),
+        }
+
+
+def five_tuple_of(key: TupleKey) -> FiveTuple:
+    return FiveTuple(src_addr=key[0], dst_addr=key[1], src_port=key[2], dst_port=key[3],
+                     ip_protocol=key[4])
+
+
+__all__ = ["AnalyticsEngine", "EngineConfig", "Suppressor"]

@@ -1,0 +1,188 @@
+"""`cgloop analytics run`: the streaming worker.
+
+A consumer group over the flow, INT, probe and node topics (scale out by starting more workers:
+Kafka spreads partitions over the group). Detections go to `cgloop.detections.v1`, keyed by
+subject so one subject stays on one partition.
+
+Restarts never re-alert on old data:
+* offsets are committed only after the detections a message caused are flushed to Kafka;
+* before that commit, the worker writes its state file (atomically): the highest offset it has
+  processed per partition and the alert suppressor. A message at or below that offset (a replay
+  after a crash between the state write and the commit) is skipped;
+* the suppressor keeps an ongoing episode from alerting again after a restart, and detection ids
+  are derived from (detector, subject, episode start), so any duplicate is recognisable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cgloop.analytics.detectors.base import Suppressor, subject_text
+from cgloop.analytics.engine import AnalyticsEngine
+from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
+from cgloop.v1.detection_pb2 import Detection, DetectionBatch
+
+log = logging.getLogger(__name__)
+
+INPUT_TOPICS = ("cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1")
+OUTPUT_TOPIC = "cgloop.detections.v1"
+STATE_VERSION = 1
+
+
+@dataclass
+class WorkerStats:
+    messages: int = 0
+    records: int = 0
+    skipped_replays: int = 0
+    detections: int = 0
+    suppressed: int = 0
+    # seconds from a message's arrival at the worker to its detections acknowledged by Kafka
+    latencies_s: list[float] = field(default_factory=list)
+    # seconds from the record's Kafka timestamp (producer send) to its detections being sent
+    end_to_end_s: list[float] = field(default_factory=list)
+
+
+class StateFile:
+    """The worker's persisted state: per-partition processed offsets and the suppressor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offsets: dict[str, int] = {}
+        self.suppressor = Suppressor()
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                if data.get("version") != STATE_VERSION:
+                    raise ValueError(f"state version {data.get('version')}")
+                self.offsets = {str(k): int(v) for k, v in data["offsets"].items()}
+                self.suppressor.load({str(k): int(v) for k, v in data["suppressor"].items()})
+            except (ValueError, KeyError, TypeError) as exc:
+                # A damaged state file must not stop the worker: Kafka's committed offsets still
+                # hold, only duplicate protection after a crash is weaker. Keep it for inspection.
+                bad = path.with_suffix(".damaged")
+                path.replace(bad)
+                log.error("state file %s unreadable (%s); moved to %s", path, exc, bad)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "version": STATE_VERSION, "offsets": self.offsets,
+            "suppressor": self.suppressor.state(),
+        }))
+        os.replace(tmp, self.path)
+
+
+def _key(det: Detection) -> bytes:
+    which = det.WhichOneof("subject")
+    return subject_text(getattr(det, which) if which else "").encode()
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: AnalyticsEngine,
+        bootstrap: str,
+        state_path: Path,
+        group_id: str = "cgloop-analytics",
+        topics: tuple[str, ...] = INPUT_TOPICS,
+        evict_every_s: float = 5.0,
+        keep_latencies: int = 200_000,
+    ) -> None:
+        self.engine = engine
+        self.bootstrap = bootstrap
+        ensure_topics(bootstrap)
+        self.consumer = BatchConsumer(bootstrap, group_id, topics,
+                                      source_id=f"analytics/{group_id}")
+        self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections")
+        self.state = StateFile(state_path)
+        self.stats = WorkerStats()
+        self.evict_every_s = evict_every_s
+        self.keep_latencies = keep_latencies
+        self._stop = False
+        self._last_evict = time.monotonic()
+
+    def stop(self, *_args) -> None:
+        self._stop = True
+
+    def _dispatch(self, topic: str, batch) -> list[Detection]:
+        records = list(batch.records)
+        self.stats.records += len(records)
+        if topic == "cgloop.flows.v1":
+            return self.engine.on_flows(records)
+        if topic == "cgloop.int.v1":
+            return self.engine.on_int(records)
+        if topic == "cgloop.probes.v1":
+            return self.engine.on_probes(records)
+        if topic == "cgloop.nodes.v1":
+            return self.engine.on_nodes(records)
+        return []
+
+    def step(self, timeout_s: float = 0.2) -> bool:
+        """Handle at most one message; False when none arrived within the timeout."""
+        item = self.consumer.poll(timeout_s)
+        now = time.monotonic()
+        if now - self._last_evict >= self.evict_every_s:
+            self.engine.evict()
+            self._last_evict = now
+        if item is None:
+            return False
+        t, batch, msg = item
+        arrived = time.perf_counter()
+        tp = f"{msg.topic()}:{msg.partition()}"
+        if msg.offset() <= self.state.offsets.get(tp, -1):
+            self.stats.skipped_replays += 1
+            self.consumer.commit(msg)
+            return True
+        self.stats.messages += 1
+        try:
+            dets = self._dispatch(t.name, batch)
+        except Exception:  # a record the engine chokes on must not stop the loop
+            log.exception("analytics failed on %s@%s; message skipped", tp, msg.offset())
+            dets = []
+        fresh = [d for d in dets if self.state.suppressor.allow(d)]
+        self.stats.suppressed += len(dets) - len(fresh)
+        if fresh:
+            by_key: dict[bytes, list[Detection]] = {}
+            for d in fresh:
+                by_key.setdefault(_key(d), []).append(d)
+            for k, ds in by_key.items():
+                self.producer.send(OUTPUT_TOPIC, DetectionBatch(records=ds), key=k)
+            self.producer.flush()
+            sent = time.perf_counter()  # acknowledged by the broker
+            self.stats.detections += len(fresh)
+            self.state.offsets[tp] = msg.offset()
+            self.state.save()  # before the commit: a replay of this message is recognised
+        else:
+            sent = time.perf_counter()
+        if len(self.stats.latencies_s) < self.keep_latencies:
+            self.stats.latencies_s.append(sent - arrived)
+            ts_type, ts_ms = msg.timestamp()
+            if ts_type and ts_ms > 0:
+                self.stats.end_to_end_s.append(max(0.0, time.time() - ts_ms / 1000))
+        self.consumer.commit(msg)
+        return True
+
+    def run(self, max_idle_s: float | None = None, install_signals: bool = True) -> WorkerStats:
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        idle_since = time.monotonic()
+        while not self._stop:
+            if self.step():
+                idle_since = time.monotonic()
+            elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                break
+        self.close()
+        return self.stats
+
+    def close(self) -> None:
+        self.state.save()
+        self.consumer.close()
+        self.producer.flush()
