@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Flow table layout shared by the BPF programs (writers) and the exporter (reader,
+ * telemetry/probe, through the skeleton's generated types). The pcap twin
+ * (telemetry/probe/src/flow.rs) implements the same update rules in Rust; keep them in step.
+ */
+#ifndef CGLOOP_FLOW_H
+#define CGLOOP_FLOW_H
+
+#define CGLOOP_SIZE_BUCKETS 16	/* log2 buckets of layer-3 size: 2^15..65535 is the last */
+#define CGLOOP_IAT_BUCKETS 32	/* log2 buckets of inter-arrival ns: >= 2^31 ns lands in the last */
+#define CGLOOP_MAX_VLAN_TAGS 2	/* 802.1ad + 802.1Q */
+#define CGLOOP_MAX_IPV6_EXT 6	/* extension headers walked before giving up */
+#define CGLOOP_RTP_MIN_SEQUENTIAL 4	/* in-order packets before a stream counts as RTP */
+#define CGLOOP_RTP_MAX_DROPOUT 3000	/* RFC 3550 A.1 */
+#define CGLOOP_RTP_MAX_MISORDER 100	/* RFC 3550 A.1 */
+
+enum cgloop_direction {
+	CGLOOP_DIR_INGRESS = 1,
+	CGLOOP_DIR_EGRESS = 2,
+};
+
+/* Indexes of the per-CPU probe_stats array: packet fates and parse failures by reason. */
+enum cgloop_stat {
+	CGLOOP_STAT_PACKETS = 0,	/* every packet the programs saw */
+	CGLOOP_STAT_ACCOUNTED,		/* packets added to a flow */
+	CGLOOP_STAT_NON_IP,		/* not IPv4/IPv6 (ARP, LLDP ...): not a failure */
+	CGLOOP_STAT_FLOWS_CREATED,	/* new flow-table entries */
+	CGLOOP_STAT_MAP_UPDATE_FAILED,	/* bpf_map_update_elem refused a new flow */
+	CGLOOP_STAT_RTP_CONFIRMED,	/* flows confirmed as RTP */
+	CGLOOP_STAT_ERR_ETH_TRUNCATED,
+	CGLOOP_STAT_ERR_VLAN_TRUNCATED,
+	CGLOOP_STAT_ERR_VLAN_TOO_DEEP,
+	CGLOOP_STAT_ERR_IPV4_TRUNCATED,
+	CGLOOP_STAT_ERR_IPV4_BAD_IHL,
+	CGLOOP_STAT_ERR_IP_BAD_LENGTH,	/* IPv4 total / IPv6 payload length beyond the frame */
+	CGLOOP_STAT_ERR_IPV6_TRUNCATED,
+	CGLOOP_STAT_ERR_IPV6_EXT_TRUNCATED,
+	CGLOOP_STAT_ERR_IPV6_EXT_TOO_DEEP,
+	CGLOOP_STAT_ERR_IP_VERSION_MISMATCH,
+	CGLOOP_STAT_ERR_FRAGMENT,	/* non-first fragment: no transport header to key on */
+	CGLOOP_STAT_ERR_TCP_TRUNCATED,
+	CGLOOP_STAT_ERR_TCP_BAD_OFFSET,
+	CGLOOP_STAT_ERR_UDP_TRUNCATED,
+	CGLOOP_STAT_ERR_UDP_BAD_LENGTH,	/* UDP length < 8 (incl. 0) or beyond the IP payload */
+	CGLOOP_STAT_ERR_ICMP_TRUNCATED,
+	CGLOOP_STAT__MAX,
+};
+
+/* Flow key: one direction of one flow on one interface. IPv4 addresses use bytes 0..3. */
+struct flow_key {
+	__u8 src_addr[16];
+	__u8 dst_addr[16];
+	__u16 src_port;		/* host order; 0 for protocols without ports */
+	__u16 dst_port;
+	__u32 ifindex;
+	__u16 vlan_id;		/* outermost 802.1Q/802.1ad VID, 0 when untagged */
+	__u8 ip_proto;
+	__u8 family;		/* 4 or 6 */
+	__u8 direction;		/* enum cgloop_direction */
+	__u8 pad[3];
+};
+
+enum rtp_state {
+	RTP_NONE = 0,
+	RTP_PROBATION = 1,
+	RTP_CONFIRMED = 2,
+};
+
+/* RFC 3550 A.1/A.8 receiver state of the flow's (first) RTP source. Counters are cumulative. */
+struct rtp_stats {
+	__u64 received;		/* packets of the confirmed SSRC, duplicates excluded */
+	__u64 expected_prior;	/* expected packets of sequence runs before a resync */
+	__u64 reordered;
+	__u64 gaps;
+	__u64 duplicates;
+	__u64 markers;
+	__u64 window;		/* bit i: (max_seq - i) was received */
+	__u64 last_arrival_ns;
+	__u64 jitter_ns_x16;	/* J of RFC 3550 6.4.1 in ns, scaled by 16 like the RFC's sample code */
+	__u32 ssrc;
+	__u32 last_rtp_ts;
+	__u32 cycles;		/* wraps of the 16-bit sequence, << 16 */
+	__u32 base_seq;		/* first extended sequence of the current run */
+	__u32 clock_rate_hz;
+	__u16 max_seq;
+	__u8 state;		/* enum rtp_state */
+	__u8 probation;		/* in-order packets still needed to confirm */
+	__u8 payload_type;
+	__u8 pad[7];
+};
+
+struct flow_value {
+	__u64 packets;
+	__u64 bytes;		/* layer 3 */
+	__u64 first_ns;		/* bpf_ktime_get_ns() */
+	__u64 last_ns;
+	__u64 size_sum;
+	__u64 size_sum_sq;
+	__u64 ecn[4];		/* Not-ECT, ECT(1), ECT(0), CE by codepoint value 0..3 */
+	__u64 burst_count;	/* runs of >= 2 packets within burst_gap_ns */
+	__u32 size_hist[CGLOOP_SIZE_BUCKETS];
+	__u32 iat_hist[CGLOOP_IAT_BUCKETS];
+	__u32 cur_burst;	/* packets in the current run */
+	/* Interval-scoped fields: reset by the first packet after the exporter bumps sweep_epoch. */
+	__u32 epoch;
+	__u32 size_min;
+	__u32 size_max;
+	__u32 max_burst;
+	__u8 tcp_flags;
+	__u8 tcp_flags_life;	/* OR over the flow's life: FIN/RST end a flow early */
+	__u8 last_dscp;
+	__u8 pad[5];
+	struct rtp_stats rtp;
+};
+
+#endif

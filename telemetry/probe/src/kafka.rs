@@ -1,0 +1,129 @@
+//! Producing flow-record batches to `cgloop.flows.v1`.
+//!
+//! Records are grouped by five-tuple hash into `KEY_BUCKETS` batches per sweep, each keyed by its
+//! bucket, so one flow always lands on one partition (per-flow order kept) while a sweep still
+//! produces few, large messages. librdkafka buffers within `buffer_bytes` and reconnects by
+//! itself; what does not fit, or times out undelivered, is dropped and counted.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cgloop_proto::v1::{FlowRecord, FlowRecordBatch};
+use prost::Message;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+
+use crate::sweep::five_tuple_hash_of_record;
+
+pub const TOPIC: &str = "cgloop.flows.v1";
+const KEY_BUCKETS: u64 = 64;
+/// Records per Kafka message: ~200 B each keeps messages well under the 1 MB default limit.
+const MAX_RECORDS_PER_MESSAGE: usize = 2000;
+
+/// Delivery counters, shared with the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct KafkaStats {
+    pub records_sent: AtomicU64,
+    pub records_delivered: AtomicU64,
+    /// Records dropped: the buffer was full, or delivery failed after retries/timeout.
+    pub records_dropped: AtomicU64,
+    pub messages_failed: AtomicU64,
+}
+
+struct Context_ {
+    stats: Arc<KafkaStats>,
+}
+
+impl ClientContext for Context_ {}
+
+impl ProducerContext for Context_ {
+    type DeliveryOpaque = Box<usize>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, records: Self::DeliveryOpaque) {
+        match result {
+            Ok(_) => self.stats.records_delivered.fetch_add(*records as u64, Ordering::Relaxed),
+            Err(_) => {
+                self.stats.messages_failed.fetch_add(1, Ordering::Relaxed);
+                self.stats.records_dropped.fetch_add(*records as u64, Ordering::Relaxed)
+            }
+        };
+    }
+}
+
+pub struct FlowProducer {
+    producer: ThreadedProducer<Context_>,
+    pub stats: Arc<KafkaStats>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    pub bootstrap: String,
+    /// Memory budget of the outgoing buffer.
+    pub buffer_bytes: u64,
+    /// How long a batch may wait for the broker before it is dropped.
+    pub message_timeout: Duration,
+}
+
+impl FlowProducer {
+    pub fn new(cfg: &KafkaConfig) -> Result<Self> {
+        let stats = Arc::new(KafkaStats::default());
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.bootstrap)
+            .set("client.id", "cgloop-probe")
+            .set("compression.type", "lz4")
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.kbytes", (cfg.buffer_bytes / 1024).max(1).to_string())
+            .set("queue.buffering.max.messages", "1000000")
+            .set("message.timeout.ms", cfg.message_timeout.as_millis().to_string())
+            .set("log.connection.close", "false")
+            .create_with_context(Context_ { stats: stats.clone() })
+            .with_context(|| format!("creating a Kafka producer for {}", cfg.bootstrap))?;
+        Ok(Self { producer, stats })
+    }
+
+    /// Queues the records (never blocks); records that do not fit the buffer are counted dropped.
+    pub fn send(&self, records: Vec<FlowRecord>) {
+        let mut buckets: Vec<Vec<FlowRecord>> = (0..KEY_BUCKETS).map(|_| Vec::new()).collect();
+        for r in records {
+            buckets[(five_tuple_hash_of_record(&r) % KEY_BUCKETS) as usize].push(r);
+        }
+        for (bucket, records) in buckets.into_iter().enumerate() {
+            let key = format!("flows-{bucket:02}");
+            let mut records = records;
+            while !records.is_empty() {
+                let rest = records.split_off(records.len().min(MAX_RECORDS_PER_MESSAGE));
+                self.send_batch(&key, FlowRecordBatch { records });
+                records = rest;
+            }
+        }
+    }
+
+    fn send_batch(&self, key: &str, batch: FlowRecordBatch) {
+        let n = batch.records.len();
+        let payload = batch.encode_to_vec();
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "cgloop-type", value: Some("cgloop.v1.FlowRecordBatch") })
+            .insert(Header { key: "cgloop-schema-version", value: Some(&cgloop_proto::SCHEMA_VERSION.to_string()) });
+        let record = BaseRecord::with_opaque_to(TOPIC, Box::new(n)).key(key).payload(&payload).headers(headers);
+        self.stats.records_sent.fetch_add(n as u64, Ordering::Relaxed);
+        if let Err((e, _)) = self.producer.send(record) {
+            self.stats.records_dropped.fetch_add(n as u64, Ordering::Relaxed);
+            if !matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) {
+                self.stats.messages_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Messages waiting for the broker.
+    pub fn queue_depth(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+
+    pub fn flush(&self, timeout: Duration) -> Result<()> {
+        self.producer.flush(timeout).context("flushing flow records to Kafka")
+    }
+}

@@ -1,0 +1,381 @@
+//! The live exporter: load and attach the BPF programs, pin the maps, sweep the flow table.
+use std::ffi::CString;
+use std::fs;
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, TcHookBuilder, Xdp, XdpFlags, TC_EGRESS};
+
+use crate::bpf_types::{key_from, value_from, FlowKey, FlowValue, KEY_SIZE, STAT_FLOWS_CREATED, STAT_NAMES};
+use crate::metrics::Metrics;
+use crate::skel::{FlowProbeSkel, FlowProbeSkelBuilder};
+use crate::sweep::Sweeper;
+use crate::{FlowArgs, Sink, SinkArgs};
+
+const BTF: &str = "/sys/kernel/btf/vmlinux";
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+const BATCH: u32 = 4096;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Interface to observe (XDP on ingress, tc on egress); repeat for several.
+    #[arg(long = "iface", short = 'i', required = true)]
+    ifaces: Vec<String>,
+    /// A network function and its interfaces, NAME=if1,if2 (repeatable; index = order, from 1).
+    /// Interfaces of no function count under index 0.
+    #[arg(long = "function")]
+    functions: Vec<String>,
+    /// bpffs folder for the pinned maps (flows, fn_stats, if_fn, if_stats, probe_stats).
+    #[arg(long, default_value = "/sys/fs/bpf/cgloop")]
+    pin_dir: PathBuf,
+    /// Sweep period, ms (10 at least).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..))]
+    interval_ms: u64,
+    /// Flow table size (LRU: the least recently used flow is evicted when full).
+    #[arg(long, default_value_t = 65536)]
+    max_flows: u32,
+    /// XDP attach mode: auto (native, else generic with a warning), native or generic.
+    #[arg(long, default_value = "auto")]
+    xdp_mode: String,
+    /// Observe ingress only (no tc egress program).
+    #[arg(long)]
+    no_egress: bool,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Stop after this many seconds (default: until SIGTERM/SIGINT).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    #[command(flatten)]
+    flow: FlowArgs,
+    #[command(flatten)]
+    sink: SinkArgs,
+}
+
+fn effective_caps() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Refuses early, naming what is missing, instead of failing inside libbpf.
+fn preflight(ifaces: &[String]) -> Result<Vec<(String, u32)>> {
+    if !Path::new(BTF).exists() {
+        bail!("kernel BTF missing ({BTF} not found): the probe's CO-RE programs need a kernel built with CONFIG_DEBUG_INFO_BTF=y");
+    }
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if !(has(CAP_NET_ADMIN) && (has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)))) {
+        bail!("insufficient privileges: loading and attaching XDP/tc programs needs root, or CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN (effective capabilities: {caps:#x})");
+    }
+    ifaces
+        .iter()
+        .map(|name| {
+            let c = CString::new(name.as_str()).with_context(|| format!("interface name {name:?}"))?;
+            let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+            if idx == 0 {
+                bail!("interface {name:?} not found in this network namespace (see `ip link`)");
+            }
+            Ok((name.clone(), idx))
+        })
+        .collect()
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// What was attached, undone in reverse on drop (also on errors and panics).
+struct Attachments {
+    xdp: Vec<(i32, u32, Xdp<'static>)>,
+    tc: Vec<(libbpf_rs::TcHook, bool)>,
+    pins: Vec<PathBuf>,
+}
+
+impl Drop for Attachments {
+    fn drop(&mut self) {
+        for (hook, created) in self.tc.iter_mut().rev() {
+            if let Err(e) = hook.detach() {
+                eprintln!("cgloop-probe: detaching tc egress: {e}");
+            }
+            if *created {
+                let _ = hook.destroy();
+            }
+        }
+        for (ifindex, flags, xdp) in self.xdp.iter().rev() {
+            if let Err(e) = xdp.detach(*ifindex, XdpFlags::from_bits_truncate(*flags)) {
+                eprintln!("cgloop-probe: detaching XDP from ifindex {ifindex}: {e}");
+            }
+        }
+        for p in &self.pins {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// Creates clsact on `ifindex` if missing; true when this call created it (so we remove it).
+fn ensure_clsact(ifindex: i32) -> Result<bool> {
+    let mut hook = libbpf_sys::bpf_tc_hook {
+        sz: std::mem::size_of::<libbpf_sys::bpf_tc_hook>() as _,
+        ifindex,
+        attach_point: libbpf_sys::BPF_TC_EGRESS,
+        ..Default::default()
+    };
+    match unsafe { libbpf_sys::bpf_tc_hook_create(&mut hook) } {
+        0 => Ok(true),
+        e if e == -libc::EEXIST => Ok(false),
+        e => Err(std::io::Error::from_raw_os_error(-e)).context("creating the clsact qdisc"),
+    }
+}
+
+fn parse_functions(specs: &[String], ifaces: &[(String, u32)]) -> Result<Vec<(u32, u32)>> {
+    let mut out = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let (name, list) = spec
+            .split_once('=')
+            .with_context(|| format!("--function {spec:?}: expected NAME=if1,if2"))?;
+        if i + 1 >= 64 {
+            bail!("--function {name}: at most 63 functions (index 0 is 'unassigned')");
+        }
+        for ifname in list.split(',').filter(|s| !s.is_empty()) {
+            let idx = match ifaces.iter().find(|(n, _)| n == ifname) {
+                Some((_, idx)) => *idx,
+                None => bail!("--function {name}: interface {ifname:?} is not one of the --iface interfaces"),
+            };
+            out.push((idx, i as u32 + 1));
+        }
+    }
+    Ok(out)
+}
+
+fn sum_stats(skel: &FlowProbeSkel<'_>) -> [u64; STAT_NAMES.len()] {
+    let mut out = [0u64; STAT_NAMES.len()];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let key = (i as u32).to_ne_bytes();
+        if let Ok(Some(per_cpu)) = skel.maps.probe_stats.lookup_percpu(&key, MapFlags::ANY) {
+            *slot = per_cpu
+                .iter()
+                .filter_map(|v| v.get(..8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))))
+                .sum();
+        }
+    }
+    out
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let ifaces = preflight(&args.ifaces)?;
+    let functions = parse_functions(&args.functions, &ifaces)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+
+    let mut storage = MaybeUninit::uninit();
+    let mut open = FlowProbeSkelBuilder::default().open(&mut storage).context("opening the BPF object")?;
+    let acct = args.flow.account();
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        ro.burst_gap_ns = acct.burst_gap_ns;
+        ro.rtp_default_clock_hz = acct.rtp_default_clock_hz;
+        ro.rtp_enabled = acct.rtp_enabled as u8;
+    }
+    open.maps.flows.set_max_entries(args.max_flows).context("sizing the flow table")?;
+    if args.no_egress {
+        open.progs.cgloop_tc_egress.set_autoload(false);
+    }
+    let mut skel = open.load().context("loading the BPF programs (verifier log above)")?;
+
+    fs::create_dir_all(&args.pin_dir)
+        .with_context(|| format!("creating {} (is bpffs mounted at /sys/fs/bpf?)", args.pin_dir.display()))?;
+    let mut att = Attachments { xdp: Vec::new(), tc: Vec::new(), pins: Vec::new() };
+    {
+        let maps = &mut skel.maps;
+        for (name, map) in [
+            ("flows", &mut maps.flows),
+            ("fn_stats", &mut maps.fn_stats),
+            ("if_fn", &mut maps.if_fn),
+            ("if_stats", &mut maps.if_stats),
+            ("probe_stats", &mut maps.probe_stats),
+        ] {
+            let path = args.pin_dir.join(name);
+            let _ = fs::remove_file(&path); // a stale pin of a previous run
+            map.pin(&path).with_context(|| format!("pinning {}", path.display()))?;
+            att.pins.push(path);
+        }
+    }
+    for (ifindex, fn_idx) in &functions {
+        skel.maps
+            .if_fn
+            .update(&ifindex.to_ne_bytes(), &fn_idx.to_ne_bytes(), MapFlags::ANY)
+            .context("filling if_fn")?;
+    }
+
+    // SAFETY of 'static: the programs outlive `att`, which is dropped before `skel` below.
+    let xdp_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&skel.progs.cgloop_xdp_ingress.as_fd())) };
+    for (name, ifindex) in &ifaces {
+        let xdp = Xdp::new(xdp_fd);
+        let idx = *ifindex as i32;
+        let native = (XdpFlags::DRV_MODE | XdpFlags::UPDATE_IF_NOEXIST).bits();
+        let generic = (XdpFlags::SKB_MODE | XdpFlags::UPDATE_IF_NOEXIST).bits();
+        let attach = |bits: u32| xdp.attach(idx, XdpFlags::from_bits_truncate(bits)).map(|_| bits);
+        let flags = match args.xdp_mode.as_str() {
+            "native" => attach(native),
+            "generic" => attach(generic),
+            "auto" => attach(native).or_else(|e| {
+                eprintln!("cgloop-probe: warning: native XDP refused on {name} ({e}); using generic (skb) mode, which costs more per packet");
+                attach(generic)
+            }),
+            other => bail!("--xdp-mode {other:?}: expected auto, native or generic"),
+        }
+        .with_context(|| format!("attaching XDP to {name} (another XDP program there?)"))?;
+        att.xdp.push((idx, flags, xdp));
+        if !args.no_egress {
+            let created = ensure_clsact(idx).with_context(|| format!("tc on {name}"))?;
+            let mut hook = TcHookBuilder::new(skel.progs.cgloop_tc_egress.as_fd())
+                .ifindex(idx)
+                .replace(true)
+                .handle(0xc91)
+                .priority(1)
+                .hook(TC_EGRESS);
+            let hook = hook.attach().with_context(|| format!("attaching tc egress to {name}"))?;
+            att.tc.push((hook, created));
+        }
+    }
+
+    let mut sink = Sink::open(&args.sink)?;
+    let metrics = Arc::new(Metrics::new());
+    metrics.flow_capacity.set(args.max_flows as i64);
+    if let Some(addr) = args.metrics_addr {
+        let bound = metrics.serve(addr)?;
+        eprintln!("cgloop-probe: metrics on http://{bound}/metrics");
+    }
+    let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut sweeper = Sweeper::new(args.flow.sweep(format!("{}/flow-probe", host.trim())));
+    sweeper.clock_offset_ns = clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC);
+    for (name, idx) in &ifaces {
+        sweeper.if_names.insert(*idx, name.clone());
+    }
+    eprintln!(
+        "cgloop-probe: observing {} (pins in {}), sweeping every {} ms",
+        ifaces.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", "),
+        args.pin_dir.display(),
+        args.interval_ms
+    );
+
+    let interval = Duration::from_millis(args.interval_ms);
+    let deadline = args.duration_s.map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let mut deleted_total: u64 = 0;
+    let mut next = Instant::now() + interval;
+    loop {
+        let finish = stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d);
+        let started = Instant::now();
+        let epoch = bump_epoch(&mut skel);
+        let now = clock_ns(libc::CLOCK_MONOTONIC) as u64;
+        let entries = read_flows(&skel)?;
+        let swept = sweeper.sweep(now, epoch, entries, finish);
+        deleted_total += delete_flows(&skel, &swept.expired);
+        metrics.expired.inc_by(swept.expired.len() as u64);
+        let stats = sum_stats(&skel);
+        // Flows the LRU dropped = created - deleted by us - still there.
+        let evicted = stats[STAT_FLOWS_CREATED].saturating_sub(deleted_total + swept.live as u64);
+        let seen = metrics.evictions.get();
+        metrics.evictions.inc_by(evicted.saturating_sub(seen));
+        metrics.observe_stats(&stats);
+        metrics.flows_live.set(swept.live as i64);
+        metrics.flow_fill.set(swept.live as f64 / args.max_flows.max(1) as f64);
+        metrics.records.inc_by(swept.records.len() as u64);
+        sink.emit(swept.records)?;
+        if let Some(k) = &sink.kafka {
+            let s = &k.stats;
+            metrics.observe_kafka(
+                s.records_delivered.load(Ordering::Relaxed),
+                s.records_dropped.load(Ordering::Relaxed),
+                k.queue_depth() as i64,
+            );
+        }
+        metrics.sweeps.inc();
+        metrics.sweep_seconds.observe(started.elapsed().as_secs_f64());
+        if finish {
+            break;
+        }
+        let now = Instant::now();
+        if next > now {
+            sleep_unless_stopped(next - now, &stop);
+        }
+        next += interval;
+        if next < Instant::now() {
+            next = Instant::now() + interval; // a slow sweep: do not try to catch up
+        }
+    }
+    sink.finish()?;
+    let stats = sum_stats(&skel);
+    let summary: serde_json::Map<String, serde_json::Value> = STAT_NAMES
+        .iter()
+        .zip(stats)
+        .map(|(n, v)| ((*n).to_string(), v.into()))
+        .chain([("records".to_string(), sink.records.into())])
+        .collect();
+    eprintln!("{}", serde_json::Value::Object(summary));
+    drop(att);
+    Ok(())
+}
+
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    let end = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(10)));
+    }
+}
+
+/// Starts a new interval; returns the epoch the finished interval's packets carried.
+fn bump_epoch(skel: &mut FlowProbeSkel<'_>) -> u32 {
+    match skel.maps.bss_data.as_deref_mut() {
+        Some(bss) => {
+            let old = unsafe { std::ptr::read_volatile(&bss.sweep_epoch) };
+            unsafe { std::ptr::write_volatile(&mut bss.sweep_epoch, old.wrapping_add(1)) };
+            old
+        }
+        None => 0,
+    }
+}
+
+fn read_flows(skel: &FlowProbeSkel<'_>) -> Result<Vec<(FlowKey, FlowValue)>> {
+    let iter = skel.maps.flows.lookup_batch(BATCH, MapFlags::ANY, MapFlags::ANY).context("reading the flow table")?;
+    Ok(iter.filter_map(|(k, v)| Some((key_from(&k)?, value_from(&v)?))).collect())
+}
+
+/// Deletes expired flows in batches; falls back to one by one when a key is already gone.
+fn delete_flows(skel: &FlowProbeSkel<'_>, keys: &[[u8; KEY_SIZE]]) -> u64 {
+    let mut deleted = 0;
+    for chunk in keys.chunks(BATCH as usize) {
+        let flat: Vec<u8> = chunk.iter().flatten().copied().collect();
+        if skel.maps.flows.delete_batch(&flat, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY).is_ok() {
+            deleted += chunk.len() as u64;
+        } else {
+            deleted += chunk.iter().filter(|k| skel.maps.flows.delete(&k[..]).is_ok()).count() as u64;
+        }
+    }
+    deleted
+}
+
