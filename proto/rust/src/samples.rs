@@ -4,9 +4,14 @@
 //! checks that both encode to identical bytes. Change both together, then regenerate the golden
 //! files (proto/testdata/vectors/README.md).
 //!
-//! Every field of every message is set to a non-default value so that every field is on the
-//! wire. Values are chosen for that, not to be physically consistent (a lost probe has an RTT,
-//! a UDP flow has TCP flags). Doubles are exactly representable so no decimal rounding differs.
+//! Every field the samples were written with is set to a non-default value so that it is on the
+//! wire. Literals end with `..Default::default()` so that a field added later to a .proto does not
+//! break the build; add it here (and in Python) to cover it by the vectors. Values are chosen
+//! for that, not to be physically consistent (a lost probe has an RTT, a UDP flow has TCP
+//! flags). Doubles are exactly representable so no decimal rounding differs.
+
+// `..Default::default()` on complete literals is deliberate (see above).
+#![allow(clippy::needless_update)]
 
 use std::collections::BTreeMap;
 
@@ -35,6 +40,7 @@ fn header(source_id: &str, sequence: u64, timestamp_ns: u64) -> Option<RecordHea
         source_id: source_id.to_owned(),
         sequence,
         timestamp_ns,
+        ..Default::default()
     })
 }
 
@@ -53,6 +59,7 @@ pub fn gaming_five_tuple() -> FiveTuple {
         src_port: 49_004,
         dst_port: 51_000,
         ip_protocol: 17,
+        ..Default::default()
     }
 }
 
@@ -77,9 +84,11 @@ pub fn sample_flow_record_batch() -> FlowRecordBatch {
         size_sum_squares_bytes2: 4_500_000_000,
         size_histogram_bytes: Some(Log2Histogram {
             buckets: vec![0, 0, 0, 0, 0, 12, 3, 0, 0, 0, 2_985],
+            ..Default::default()
         }),
         inter_arrival_histogram_ns: Some(Log2Histogram {
             buckets: vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 100, 0, 400, 0, 1_500, 900, 99],
+            ..Default::default()
         }),
         max_burst_packets: 24,
         burst_count: 110,
@@ -100,10 +109,13 @@ pub fn sample_flow_record_batch() -> FlowRecordBatch {
             duplicate_packets: 1,
             marker_packets: 180,
             extended_highest_sequence: 70_000,
+            ..Default::default()
         }),
+        ..Default::default()
     };
     FlowRecordBatch {
         records: vec![record],
+        ..Default::default()
     }
 }
 
@@ -119,6 +131,7 @@ fn int_hop(switch_id: u32, ingress_port: u32, egress_port: u32, hop_latency_ns: 
         egress_tx_utilization: 0.5,
         ingress_timestamp_ns,
         egress_timestamp_ns: ingress_timestamp_ns + hop_latency_ns,
+        ..Default::default()
     }
 }
 
@@ -130,6 +143,7 @@ pub fn sample_int_record_batch() -> IntRecordBatch {
         five_tuple: Some(gaming_five_tuple()),
         hop_index: 1,
         hop: Some(int_hop(2, 1, 3, 850)),
+        ..Default::default()
     };
     let flow = IntFlowRecord {
         header: header(source, 8, T0_NS + 1_000_000),
@@ -139,6 +153,7 @@ pub fn sample_int_record_batch() -> IntRecordBatch {
         end_to_end_latency_ns: 2_100,
         reason: IntEventReason::LatencyChange as i32,
         report_sequence: 9_001,
+        ..Default::default()
     };
     let queue = IntQueueRecord {
         header: header(source, 9, T0_NS + 2_000_000),
@@ -149,6 +164,7 @@ pub fn sample_int_record_batch() -> IntRecordBatch {
         queue_latency_ns: 3_000_000,
         congested: true,
         egress_tx_utilization: 0.875,
+        ..Default::default()
     };
     let drop = IntDropRecord {
         header: header(source, 10, T0_NS + 3_000_000),
@@ -159,6 +175,7 @@ pub fn sample_int_record_batch() -> IntRecordBatch {
         drop_reason: 71,
         drop_count: 17,
         five_tuple: Some(gaming_five_tuple()),
+        ..Default::default()
     };
     let records = [
         int_record::Record::Hop(hop),
@@ -169,6 +186,7 @@ pub fn sample_int_record_batch() -> IntRecordBatch {
     .into_iter()
     .map(|record| IntRecord {
         record: Some(record),
+        ..Default::default()
     })
     .collect();
     IntRecordBatch { records }
@@ -201,9 +219,11 @@ pub fn sample_probe_record_batch() -> ProbeRecordBatch {
         forward_delay_ns: 180_000,
         reverse_delay_ns: 160_000,
         reply_ecn: 3,
+        ..Default::default()
     };
     ProbeRecordBatch {
         records: vec![record],
+        ..Default::default()
     }
 }
 
@@ -215,6 +235,7 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         max_frequency_khz: 3_000_000,
         governor: governor.to_owned(),
         utilization,
+        ..Default::default()
     };
     let function = |name: &str, core: u32, packets: u64| FunctionCounters {
         function_name: name.to_owned(),
@@ -222,6 +243,7 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         packets,
         forwarded_packets: packets - 10,
         last_packet_ns: T0_NS + 3_000_000 + u64::from(core),
+        ..Default::default()
     };
     let sample = NodeSample {
         header: header("node-a/agent", 11, T0_NS + 5_000_000),
@@ -236,9 +258,11 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         ],
         power_watts: Some(42.5),
         energy_joules: Some(12_345.25),
+        ..Default::default()
     };
     NodeSampleBatch {
         records: vec![sample],
+        ..Default::default()
     }
 }
 
@@ -255,6 +279,7 @@ pub fn sample_detection_batch() -> DetectionBatch {
                 node_id: "node-a".to_owned(),
                 interface_name: "veth-gw0".to_owned(),
                 queue_id: 1,
+                ..Default::default()
             }),
         ),
         (
@@ -272,6 +297,7 @@ pub fn sample_detection_batch() -> DetectionBatch {
                 src_port: 3,
                 dst_device_id: "device:spine1".to_owned(),
                 dst_port: 1,
+                ..Default::default()
             }),
         ),
     ];
@@ -291,6 +317,7 @@ pub fn sample_detection_batch() -> DetectionBatch {
                     threshold: 0.25,
                     baseline: 0.0625,
                     unit: "ratio".to_owned(),
+                    ..Default::default()
                 },
                 Evidence {
                     name: "victim_p99_rtt_ns".to_owned(),
@@ -298,6 +325,7 @@ pub fn sample_detection_batch() -> DetectionBatch {
                     threshold: 20_000_000.0,
                     baseline: 15_000_000.0,
                     unit: "ns".to_owned(),
+                    ..Default::default()
                 },
             ],
             detector: "l4s-abuse".to_owned(),
@@ -306,6 +334,7 @@ pub fn sample_detection_batch() -> DetectionBatch {
             window_end_ns: T0_NS,
             labels: string_map(&[("platform", "GFN"), ("scenario", "unresponsive-ecn")]),
             subject: Some(subject),
+            ..Default::default()
         })
         .collect();
     DetectionBatch { records }
@@ -319,6 +348,7 @@ fn latency_summary(scale_ns: u64) -> LatencySummary {
         p99_ns: scale_ns * 3,
         p999_ns: scale_ns * 4,
         max_ns: scale_ns * 5,
+        ..Default::default()
     }
 }
 
@@ -337,6 +367,7 @@ pub fn sample_action_batch() -> ActionBatch {
             switch_id: 2,
             device_id: "device:leaf1".to_owned(),
             queue_id: 1,
+            ..Default::default()
         }),
         operation: ActionOperation::ReprioritiseFlow as i32,
         parameters: string_map(&[("class_id", "0x00010030"), ("rewrite_dscp", "0")]),
@@ -345,11 +376,13 @@ pub fn sample_action_batch() -> ActionBatch {
             comparator: Comparator::LessThan as i32,
             value: 20_000_000.0,
             within_ns: 500_000_000,
+            ..Default::default()
         }),
         deadline_ns: T0_NS + 200_000_000,
         state: ActionState::Proposed as i32,
         dry_run: true,
         rollback_of_action_id: ROLLED_BACK_ACTION_ID.to_owned(),
+        ..Default::default()
     };
     let result = ActionResult {
         header: header("policy-engine", 4, T0_NS + 600_000_000),
@@ -363,6 +396,7 @@ pub fn sample_action_batch() -> ActionBatch {
             latency_before: Some(latency_summary(10_000_000)),
             latency_after: Some(latency_summary(4_000_000)),
             detail: "p99 RTT back under the SLO".to_owned(),
+            ..Default::default()
         }),
         message: "applied by node-a agent".to_owned(),
         applied_ns: T0_NS + 45_000_000,
@@ -370,6 +404,7 @@ pub fn sample_action_batch() -> ActionBatch {
         detection_to_apply_ns: 45_000_000,
         verified_ns: T0_NS + 545_000_000,
         previous_parameters: string_map(&[("class_id", "0x00010010"), ("rewrite_dscp", "46")]),
+        ..Default::default()
     };
     let events = [
         action_event::Event::Action(action),
@@ -393,5 +428,6 @@ pub fn sample_dead_letter() -> DeadLetter {
         reason: "decode error: buffer underflow in FlowRecordBatch.records".to_owned(),
         consumer_group: "cgloop-flow-sink".to_owned(),
         original_timestamp_ms: 1_750_000_000_000,
+        ..Default::default()
     }
 }
