@@ -49,18 +49,39 @@ def serve_cmd(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int | None, typer.Option(help="HTTP port (ClickHouse HTTP interface)")] = None,
     migrations: Annotated[Path | None, typer.Option(help="folder of NNNN_name.sql files")] = None,
+    sink: Annotated[
+        bool, typer.Option("--sink", help="also run the Kafka sink inside this process")
+    ] = False,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers for --sink")
+    ] = None,
+    group: Annotated[str, typer.Option(help="consumer group of --sink")] = "cgloop-sink",
+    metrics_port: Annotated[
+        int | None, typer.Option(help="serve the sink's Prometheus metrics on this port")
+    ] = None,
 ) -> None:
-    """Own the store: apply migrations, then answer read-only SQL over HTTP until stopped."""
+    """Own the store: apply migrations, then answer read-only SQL over HTTP until stopped.
+
+    With --sink it also consumes every cgloop topic into the store (the embedded default:
+    chDB lets only this process write the data folder)."""
     from cgloop.datasets.store.migrations import MigrationError
-    from cgloop.datasets.store.server import serve
+    from cgloop.datasets.store.server import SinkFailed, serve
 
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    run_sink = None
+    if sink:
+        run_sink = _embedded_sink(bootstrap or settings().bootstrap_servers, group, metrics_port)
     try:
-        serve(path or _default_path(), host, port or settings().store_port, migrations)
+        serve(
+            path or _default_path(), host, port or settings().store_port, migrations, sink=run_sink
+        )
+    except SinkFailed as exc:
+        _err.print(f"[red]store: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     except MigrationError as exc:
         _err.print(f"[red]store: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -71,12 +92,25 @@ def serve_cmd(
         raise typer.Exit(1) from None
 
 
+# Friendly output names -> ClickHouse formats (any other ClickHouse format name passes through).
+_FORMATS = {"csv": "CSVWithNames", "json": "JSONEachRow", "tsv": "TSVWithNames"}
+
+
 def query_cmd(
     sql: Annotated[str, typer.Argument(help="SQL to run; '-' reads it from stdin")],
     url: Annotated[str | None, typer.Option(help="store or ClickHouse server URL")] = None,
     fmt: Annotated[
-        str | None,
-        typer.Option("--format", "-f", help="ClickHouse output format, e.g. CSV, JSONEachRow"),
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table (default), csv, json (one object per line), tsv, "
+            "or any ClickHouse output format name, e.g. Parquet, JSON, Pretty",
+        ),
+    ] = "table",
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", help="query parameter NAME=VALUE for {NAME:Type}"),
     ] = None,
 ) -> None:
     """Run SQL against the trace store (the embedded store server or a ClickHouse server)."""
@@ -86,13 +120,22 @@ def query_cmd(
     if sql == "-":
         sql = sys.stdin.read()
     target = url or settings().store_http_url
+    params: dict[str, str] = {}
+    for item in param or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            _err.print(f"[red]--param {escape(item)!r}: expected NAME=VALUE[/]", highlight=False)
+            raise typer.Exit(2)
+        params[name] = value
     try:
         client = clickhouse_connect.get_client(dsn=target)
-        if fmt:
-            sys.stdout.buffer.write(client.raw_query(sql, fmt=fmt))
+        if fmt.lower() != "table":
+            out = client.raw_query(sql, parameters=params, fmt=_FORMATS.get(fmt.lower(), fmt))
+            sys.stdout.buffer.write(out)
+            sys.stdout.buffer.flush()
             return
-        result = client.query(sql)
-    except ClickHouseError as exc:
+        result = client.query(sql, parameters=params)
+    except (ClickHouseError, OSError) as exc:
         _err.print(
             f"[red]query failed against {target}: {escape(str(exc))}[/]",
             highlight=False,
@@ -105,6 +148,129 @@ def query_cmd(
     Console().print(table)
 
 
+def _embedded_sink(bootstrap: str, group: str, metrics_port: int | None):
+    """The sink as run inside the process that owns the chDB folder."""
+
+    def run(store, should_stop) -> None:
+        from cgloop.datasets.sink.consumer import Sink, SinkConfig
+        from cgloop.datasets.sink.metrics import SinkMetrics
+        from cgloop.datasets.sink.writer import StoreWriter
+
+        metrics = SinkMetrics()
+        if metrics_port:
+            metrics.serve(metrics_port)
+        Sink(StoreWriter(store.client), bootstrap, SinkConfig(group_id=group), metrics).run(
+            should_stop
+        )
+
+    return run
+
+
+def sink_cmd(
+    url: Annotated[
+        str | None,
+        typer.Option(help="ClickHouse server URL (http://user:pass@host:8123); default: embedded"),
+    ] = None,
+    path: Annotated[
+        Path | None, typer.Option(help="chDB data folder, when no store server owns it")
+    ] = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers")] = None,
+    group: Annotated[str, typer.Option(help="Kafka consumer group")] = "cgloop-sink",
+    topic: Annotated[
+        list[str] | None, typer.Option("--topic", "-t", help="kind or topic (default: all)")
+    ] = None,
+    max_chunk_messages: Annotated[int, typer.Option(min=1)] = 20_000,
+    max_chunk_age_s: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="serve Prometheus metrics on this port")
+    ] = None,
+    migrate: Annotated[bool, typer.Option(help="apply schema migrations first")] = True,
+    crash_after_inserts: Annotated[
+        int | None, typer.Option(hidden=True, help="testing: exit hard after N inserts")
+    ] = None,
+) -> None:
+    """Consume cgloop topics into the trace store until Ctrl-C.
+
+    Against a ClickHouse server: `--url`. Embedded (chDB): only one process may own the data
+    folder, so when `cgloop up` runs, the sink runs inside the store (`cgloop store serve
+    --sink`); `--path` runs a standalone embedded sink on a folder no server owns.
+    """
+    import os
+    import signal
+    import threading
+
+    import clickhouse_connect
+    from cgloop.datasets.sink.consumer import Sink, SinkConfig, topics_of
+    from cgloop.datasets.sink.metrics import SinkMetrics
+    from cgloop.datasets.sink.writer import StoreWriter
+    from cgloop.datasets.store.migrations import MigrationError
+    from cgloop.datasets.store.migrations import migrate as apply_migrations
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    url = url or settings().store_url
+    if url and path:
+        _err.print("[red]sink: give --url (ClickHouse server) or --path (chDB), not both[/]")
+        raise typer.Exit(2)
+    folder = path or _default_path()
+    try:
+        client = clickhouse_connect.get_client(dsn=url or f"chdb://{folder.resolve()}")
+        if migrate:
+            apply_migrations(client)
+    except MigrationError as exc:
+        _err.print(f"[red]sink: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        where = url or folder
+        hint = (
+            ""
+            if url
+            else " (is `cgloop store serve` running on it? then start that with --sink instead)"
+        )
+        _err.print(
+            f"[red]sink: cannot open the store {where}: {escape(str(exc))}{hint}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
+    try:
+        config = SinkConfig(
+            group_id=group,
+            max_chunk_messages=max_chunk_messages,
+            max_chunk_age_s=max_chunk_age_s,
+            **({"topics": topics_of(topic)} if topic else {}),
+        )
+    except ValueError as exc:
+        _err.print(f"[red]sink: {escape(str(exc))}[/]", highlight=False)
+        raise typer.Exit(2) from None
+    metrics = SinkMetrics()
+    if metrics_port:
+        metrics.serve(metrics_port)
+    inserts = [0]
+
+    def after_insert(_chunk: object) -> None:
+        inserts[0] += 1
+        if crash_after_inserts is not None and inserts[0] >= crash_after_inserts:
+            os._exit(17)  # as a crash would: inserted, offset not committed
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sink = Sink(
+        StoreWriter(client),
+        bootstrap or settings().bootstrap_servers,
+        config,
+        metrics,
+        after_insert=after_insert,
+    )
+    print(f"sink: group {group} -> {url or folder}", flush=True)
+    sink.run(stop.is_set)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(store_app, name="store")
     app.command("query")(query_cmd)
+    app.command("sink")(sink_cmd)

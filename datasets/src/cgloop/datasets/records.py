@@ -166,13 +166,13 @@ def _render_message(message: Descriptor, out: list[str], indent: str = "") -> No
                 f"{field.name} = {field.number};"
             )
             continue
-        label = "repeated " if field.is_repeated else ("optional " if field.containing_oneof else "")
+        label = (
+            "repeated " if field.is_repeated else ("optional " if field.containing_oneof else "")
+        )
         out.append(f"{indent}  {label}{_proto_type(field)} {field.name} = {field.number};")
     for oneof in real_oneofs:
         out.append(f"{indent}  oneof {oneof.name} {{")
-        out.extend(
-            f"{indent}    {_proto_type(f)} {f.name} = {f.number};" for f in oneof.fields
-        )
+        out.extend(f"{indent}    {_proto_type(f)} {f.name} = {f.number};" for f in oneof.fields)
         out.append(f"{indent}  }}")
     out.append(f"{indent}}}")
 

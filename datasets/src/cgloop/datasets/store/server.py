@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -240,14 +241,24 @@ class StoreHTTPServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
 
 
+class SinkFailed(RuntimeError):
+    """The sink running inside the store process stopped with an error."""
+
+
 def serve(
     path: Path,
     host: str,
     port: int,
     migrations_dir: Path | None = None,
     ready: threading.Event | None = None,
+    sink: Callable[[Store, Callable[[], bool]], None] | None = None,
 ) -> None:
-    """Open the store, apply pending migrations, serve until SIGTERM/SIGINT."""
+    """Open the store, apply pending migrations, serve until SIGTERM/SIGINT.
+
+    With `sink`, also run it in a thread of this process (chDB lets only the owning process
+    write the folder): `sink(store, should_stop)`. If the sink fails, the server stops too and
+    `SinkFailed` is raised, so a supervisor sees one failed process rather than a silent half.
+    """
     store = Store(path)
     try:
         applied = store.migrate(migrations_dir)
@@ -255,19 +266,37 @@ def serve(
             log.info("applied migrations: %s", ", ".join(applied))
         httpd = StoreHTTPServer(store, host, port)
         stop = threading.Event()
+        failure: list[BaseException] = []
 
         def _stop(*_: object) -> None:
             if not stop.is_set():
                 stop.set()
                 threading.Thread(target=httpd.shutdown, daemon=True).start()
 
+        def _run_sink() -> None:
+            try:
+                sink(store, stop.is_set)  # type: ignore[misc]
+            except BaseException as exc:
+                log.exception("sink failed")
+                failure.append(exc)
+                _stop()
+
+        sink_thread = threading.Thread(target=_run_sink, name="sink") if sink else None
+
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _stop)
             signal.signal(signal.SIGINT, _stop)
         log.info("store %s serving on http://%s:%d", path, host, port)
+        if sink_thread:
+            sink_thread.start()
         if ready:
             ready.set()
         httpd.serve_forever(poll_interval=0.2)
         httpd.server_close()
+        if sink_thread:
+            stop.set()
+            sink_thread.join()
+        if failure:
+            raise SinkFailed(f"the sink stopped: {failure[0]}") from failure[0]
     finally:
         store.close()

@@ -1,0 +1,420 @@
+"""The Kafka -> store sink: a consumer group that writes raw batches, at least once, exactly
+counted.
+
+How a batch travels:
+
+1. Messages are gathered per (topic, partition) into a *chunk*, closed by size (bytes or
+   messages) or age.
+2. The chunk's offset range is written ahead to `cgloop_meta.sink_chunks` (its *plan*).
+3. The chunk is inserted with the dedup token `group/topic/partition/first-last`; every
+   table and roll-up keeps recent tokens and drops a block it has already seen.
+4. Only then is the offset committed.
+
+A crash between 3 and 4 replays the partition from the last commit; on assignment the sink
+reads the plans past that commit and cuts the replayed messages at exactly the same offsets, so
+the replayed chunk carries the same token and the store drops it: nothing lost, nothing
+counted twice (the same holds in the roll-ups, which a key-based ReplacingMergeTree alone
+cannot promise).
+
+Bad input: each message's type header and emptiness are checked on arrival; on the strict
+topics (all but flows and INT) every message is decoded and validated in Python first. If
+ClickHouse cannot decode a chunk, its messages are validated one by one; the undecodable go to
+the dead-letter topic with the reason, the rest are inserted. Back-pressure: the loop does not
+poll while it inserts, and librdkafka's prefetch queue is capped, so a slow store slows
+consumption instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode
+from cgloop.bus.kafka import BatchProducer, ensure_topics, librdkafka_log
+from cgloop.bus.topics import DEADLETTER, TOPICS
+from cgloop.contracts import SCHEMA_VERSION
+from cgloop.datasets.records import KINDS, RecordKind
+from cgloop.datasets.sink.metrics import SinkMetrics
+from cgloop.datasets.sink.writer import StoreWriteError, StoreWriter
+from cgloop.v1.common_pb2 import RecordHeader
+from cgloop.v1.deadletter_pb2 import DeadLetter
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Message as KafkaMessage
+from pydantic import BaseModel, Field
+
+log = logging.getLogger(__name__)
+
+PLANS_TABLE = "cgloop_meta.sink_chunks"
+# High-volume topics are validated by ClickHouse's decoder (and by Python only when it fails).
+FAST_TOPICS = frozenset({"cgloop.flows.v1", "cgloop.int.v1"})
+
+
+class SinkConfig(BaseModel):
+    """How the sink batches and where it reads from."""
+
+    group_id: str = "cgloop-sink"
+    topics: list[str] = Field(default_factory=lambda: list(TOPICS))
+    max_chunk_bytes: int = Field(default=32 << 20, ge=1)
+    max_chunk_messages: int = Field(default=20_000, ge=1)
+    max_chunk_age_s: float = Field(default=1.0, gt=0)
+    # librdkafka's prefetch cap per partition: the bound on memory while the store is slow.
+    fetch_queue_kbytes: int = Field(default=64 * 1024, ge=1024)
+    strict_topics: list[str] = Field(
+        default_factory=lambda: [t for t in TOPICS if t not in FAST_TOPICS]
+    )
+    # A crashed sink's partitions move to its successor after this long (the broker's minimum).
+    session_timeout_ms: int = Field(default=6000, ge=1000)
+    retry_backoff_s: float = Field(default=0.5, gt=0)
+    retry_backoff_max_s: float = Field(default=10.0, gt=0)
+
+
+@dataclass
+class Chunk:
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int = -1
+    payloads: list[bytes] = field(default_factory=list)
+    messages: list[KafkaMessage] = field(default_factory=list)
+    size: int = 0
+    seen: int = 0
+    opened: float = field(default_factory=time.monotonic)
+    # Set when replaying a planned chunk: close exactly at this offset.
+    planned_last: int | None = None
+
+
+def ensure_plans_table(client: object) -> None:
+    client.command("CREATE DATABASE IF NOT EXISTS cgloop_meta")  # type: ignore[attr-defined]
+    client.command(  # type: ignore[attr-defined]
+        f"CREATE TABLE IF NOT EXISTS {PLANS_TABLE} ("
+        " group_id String, topic String, partition Int32,"
+        " first_offset Int64, last_offset Int64, planned_at DateTime DEFAULT now()"
+        ") ENGINE = MergeTree ORDER BY (group_id, topic, partition, first_offset)"
+        " TTL planned_at + INTERVAL 7 DAY"
+    )
+
+
+class Sink:
+    """Consumes cgloop topics into the store until `should_stop()` returns True."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        bootstrap: str,
+        config: SinkConfig | None = None,
+        metrics: SinkMetrics | None = None,
+        after_insert: Callable[[Chunk], None] | None = None,
+    ) -> None:
+        self.writer = writer
+        self.config = config or SinkConfig()
+        self.metrics = metrics or SinkMetrics()
+        self.bootstrap = bootstrap
+        # Test hook: runs between the insert and the offset commit (crash-safety tests).
+        self._after_insert = after_insert
+        unknown = [t for t in self.config.topics if t not in KINDS]
+        if unknown:
+            raise ValueError(f"no table takes topics {unknown}; known: {', '.join(KINDS)}")
+        ensure_plans_table(writer.client)
+        ensure_topics(bootstrap, [TOPICS[t] for t in self.config.topics] + [DEADLETTER])
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": self.config.group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "queued.max.messages.kbytes": self.config.fetch_queue_kbytes,
+                "fetch.max.bytes": 64 << 20,
+                "session.timeout.ms": self.config.session_timeout_ms,
+                "heartbeat.interval.ms": max(500, self.config.session_timeout_ms // 3),
+                "logger": librdkafka_log,
+            }
+        )
+        self._deadletters = BatchProducer(bootstrap, client_id=f"{self.config.group_id}-dl")
+        self._dl_sequence = time.time_ns()  # strictly increasing across restarts of this sink
+        self._chunks: dict[tuple[str, int], Chunk] = {}
+        # (topic, partition) -> planned (first, last) ranges to reproduce after a restart.
+        self._replay: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._consumer.subscribe(
+            self.config.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+
+    # -- partition life cycle ------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30)
+        for tp in committed:
+            start = tp.offset if tp.offset >= 0 else 0
+            rows = self.writer.client.query(
+                f"SELECT first_offset, last_offset FROM {PLANS_TABLE}"
+                " WHERE group_id = {g:String} AND topic = {t:String} AND partition = {p:Int32}"
+                " AND last_offset >= {o:Int64} ORDER BY first_offset",
+                parameters={
+                    "g": self.config.group_id,
+                    "t": tp.topic,
+                    "p": tp.partition,
+                    "o": start,
+                },
+            ).result_rows
+            self._replay[(tp.topic, tp.partition)] = [(int(a), int(b)) for a, b in rows]
+            if rows:
+                log.info(
+                    "replaying %d planned chunk(s) of %s[%d]", len(rows), tp.topic, tp.partition
+                )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Finish what we hold for these partitions while we still own them.
+        for tp in partitions:
+            chunk = self._chunks.get((tp.topic, tp.partition))
+            if chunk is not None:
+                self._flush(chunk)
+
+    # -- main loop ---------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        try:
+            while not should_stop():
+                for msg in self._consumer.consume(num_messages=1000, timeout=0.2):
+                    self._accept(msg)
+                self._flush_due()
+            self._flush_all()
+        finally:
+            self.close()
+
+    def _accept(self, msg: KafkaMessage) -> None:
+        if msg.error():
+            if msg.error().code() == KafkaError._PARTITION_EOF:
+                return
+            raise KafkaException(msg.error())
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        self.metrics.messages.labels(topic).inc()
+        key = (topic, partition)
+        chunk = self._chunks.get(key)
+        if chunk is None:
+            chunk = self._open_chunk(topic, partition, offset)
+        reason = self._precheck(msg)
+        chunk.last_offset = offset
+        if reason:
+            self._dead_letter(msg, reason)
+        else:
+            chunk.messages.append(msg)
+            chunk.payloads.append(msg.value())
+            chunk.size += len(msg.value())
+        chunk.seen += 1
+        if chunk.planned_last is not None:
+            if offset >= chunk.planned_last:
+                self._flush(chunk)
+        elif (
+            chunk.size >= self.config.max_chunk_bytes
+            or chunk.seen >= self.config.max_chunk_messages
+        ):
+            self._flush(chunk)
+
+    def _open_chunk(self, topic: str, partition: int, offset: int) -> Chunk:
+        chunk = Chunk(topic, partition, offset)
+        plans = self._replay.get((topic, partition))
+        while plans and plans[0][1] < offset:
+            plans.pop(0)  # a plan wholly before this message (already committed)
+        if plans and plans[0][0] <= offset:
+            chunk.first_offset, chunk.planned_last = plans.pop(0)
+        self._chunks[(topic, partition)] = chunk
+        return chunk
+
+    def _precheck(self, msg: KafkaMessage) -> str | None:
+        """Why this message cannot be stored, or None. Cheap checks for every message; a full
+        strict decode on the strict topics."""
+        topic = TOPICS[msg.topic()]
+        value = msg.value()
+        if not value:
+            return f"empty payload: topic {topic.name} carries non-empty {topic.full_type_name}"
+        for name, raw in msg.headers() or []:
+            if name == TYPE_HEADER and raw and raw.decode(errors="replace") != topic.full_type_name:
+                return (
+                    f"message type header says {raw.decode(errors='replace')!r}, "
+                    f"topic {topic.name} carries {topic.full_type_name}"
+                )
+            if name == SCHEMA_HEADER and raw:
+                try:
+                    version = int(raw)
+                except ValueError:
+                    return f"schema version header {raw!r} is not a number"
+                if not 1 <= version <= SCHEMA_VERSION:
+                    return f"schema version {version} not readable (1..{SCHEMA_VERSION})"
+        if msg.topic() in self.config.strict_topics:
+            try:
+                decode(topic, value, msg.headers())
+            except DecodeError as exc:
+                return str(exc)
+        return None
+
+    def _flush_due(self) -> None:
+        now = time.monotonic()
+        for chunk in list(self._chunks.values()):
+            if chunk.planned_last is None and now - chunk.opened >= self.config.max_chunk_age_s:
+                self._flush(chunk)
+
+    def _flush_all(self) -> None:
+        for chunk in list(self._chunks.values()):
+            if chunk.planned_last is None:
+                self._flush(chunk)
+        # A half-replayed planned chunk is left uncommitted: the next run replays it whole.
+
+    # -- writing -----------------------------------------------------------------------
+    def _flush(self, chunk: Chunk) -> None:
+        self._chunks.pop((chunk.topic, chunk.partition), None)
+        kind = KINDS[chunk.topic]
+        token = (
+            f"{self.config.group_id}/{chunk.topic}/{chunk.partition}/"
+            f"{chunk.first_offset}-{chunk.last_offset}"
+        )
+        start = time.perf_counter()
+        if chunk.planned_last is None:
+            self._retrying(
+                lambda: self.writer.client.insert(
+                    PLANS_TABLE,
+                    [
+                        [
+                            self.config.group_id,
+                            chunk.topic,
+                            chunk.partition,
+                            chunk.first_offset,
+                            chunk.last_offset,
+                        ]
+                    ],
+                    column_names=["group_id", "topic", "partition", "first_offset", "last_offset"],
+                ),
+                "plan",
+            )
+        rows = self._insert(kind, chunk, token) if chunk.payloads else 0
+        self.metrics.batch_seconds.labels(chunk.topic).observe(time.perf_counter() - start)
+        self.metrics.rows.labels(kind.ingest_table).inc(rows)
+        if self._after_insert:
+            self._after_insert(chunk)
+        self._consumer.commit(
+            offsets=[TopicPartition(chunk.topic, chunk.partition, chunk.last_offset + 1)],
+            asynchronous=False,
+        )
+        self._update_lag(chunk)
+
+    def _insert(self, kind: RecordKind, chunk: Chunk, token: str) -> int:
+        try:
+            return self._retrying(
+                lambda: self.writer.insert(kind, chunk.payloads, token), "insert", decode_ok=False
+            )
+        except _Undecodable as exc:
+            log.warning(
+                "%s[%d]: store could not decode chunk (%s); checking each message",
+                chunk.topic,
+                chunk.partition,
+                exc,
+            )
+        # Isolate the poison: strict Python decode, then ClickHouse message by message. The
+        # token keeps the salvage idempotent too (it is derived from the same offsets).
+        good: list[bytes] = []
+        for msg in chunk.messages:
+            try:
+                decode(TOPICS[chunk.topic], msg.value(), msg.headers())
+            except DecodeError as exc:
+                self._dead_letter(msg, str(exc))
+                continue
+            try:
+                self.writer.insert(kind, [msg.value()], f"{token}/probe/{msg.offset()}")
+            except StoreWriteError as exc:
+                if not _is_decode_error(exc):
+                    raise
+                self._dead_letter(msg, f"store cannot decode it: {exc}")
+                continue
+            good.append(msg.value())
+        return len(good)
+
+    def _retrying(self, action: Callable[[], object], what: str, decode_ok: bool = True) -> int:
+        """Run `action` until it succeeds: the store being slow or away is not data loss."""
+        backoff = self.config.retry_backoff_s
+        while True:
+            try:
+                result = action()
+                return int(result) if isinstance(result, int) else 0
+            except StoreWriteError as exc:
+                if not decode_ok and _is_decode_error(exc):
+                    raise _Undecodable(str(exc)) from exc
+                error = exc
+            except Exception as exc:  # the store client raises per backend
+                error = exc  # type: ignore[assignment]
+            self.metrics.store_errors.inc()
+            log.warning("store %s failed, retrying in %.1fs: %s", what, backoff, error)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self.config.retry_backoff_max_s)
+
+    def _dead_letter(self, msg: KafkaMessage, reason: str) -> None:
+        self.metrics.dead_letters.labels(msg.topic()).inc()
+        if msg.topic() == DEADLETTER.name:
+            # Never dead-letter a dead letter (that would loop); it stays in Kafka.
+            log.error(
+                "unreadable dead letter %s@%s skipped: %s", msg.partition(), msg.offset(), reason
+            )
+            return
+        self._dl_sequence += 1
+        key = msg.key()
+        letter = DeadLetter(
+            header=RecordHeader(
+                schema_version=SCHEMA_VERSION,
+                source_id=f"sink/{self.config.group_id}",
+                sequence=self._dl_sequence,
+                timestamp_ns=time.time_ns(),
+            ),
+            topic=msg.topic() or "",
+            partition=msg.partition() or 0,
+            offset=msg.offset() or 0,
+            key=key if isinstance(key, bytes) else (key or "").encode(),
+            value=msg.value() or b"",
+            reason=reason,
+            consumer_group=self.config.group_id,
+            original_timestamp_ms=msg.timestamp()[1],
+        )
+        self._deadletters.send(DEADLETTER.name, letter, key=msg.topic())
+        self._deadletters.flush()  # on the dead-letter topic before the offset moves on
+        log.warning(
+            "dead-lettered %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), reason
+        )
+
+    def _update_lag(self, chunk: Chunk) -> None:
+        try:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(chunk.topic, chunk.partition), cached=True
+            )
+        except KafkaException:
+            return
+        if high >= 0:
+            self.metrics.lag.labels(chunk.topic, str(chunk.partition)).set(
+                max(0, high - chunk.last_offset - 1)
+            )
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._deadletters.flush()
+
+
+class _Undecodable(Exception):
+    pass
+
+
+# ClickHouse error codes meaning "the bytes are not what the schema says".
+_DECODE_CODES = ("Code: 27.", "Code: 32.", "Code: 33.", "Code: 444.", "Code: 117.", "Code: 6.")
+
+
+def _is_decode_error(exc: Exception) -> bool:
+    text = str(exc)
+    return any(code in text for code in _DECODE_CODES) or "Protobuf" in text
+
+
+def topics_of(kinds: Iterable[str]) -> list[str]:
+    """Topic names for kind names or topic names (`flow` or `cgloop.flows.v1`)."""
+    by_name = {k.name: k.topic for k in KINDS.values()}
+    out = []
+    for item in kinds:
+        if item in KINDS:
+            out.append(item)
+        elif item in by_name:
+            out.append(by_name[item])
+        else:
+            raise ValueError(f"unknown record kind or topic {item!r}; kinds: {', '.join(by_name)}")
+    return out
