@@ -131,6 +131,28 @@ impl Drop for Attachments {
     }
 }
 
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Mounts bpffs at /sys/fs/bpf when the pin folder is under it and nothing is mounted there
+/// (e.g. inside `ip netns exec`, which gives the command a fresh /sys).
+fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
+    let root = Path::new("/sys/fs/bpf");
+    if !pin_dir.starts_with(root) {
+        return Ok(());
+    }
+    let c = CString::new("/sys/fs/bpf").expect("static path");
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    let fstype = CString::new("bpf").expect("static");
+    if unsafe { libc::mount(fstype.as_ptr(), c.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("mounting bpffs at /sys/fs/bpf for the map pins");
+    }
+    eprintln!("cgloop-probe: mounted bpffs at /sys/fs/bpf");
+    Ok(())
+}
+
 /// Creates clsact on `ifindex` if missing; true when this call created it (so we remove it).
 fn ensure_clsact(ifindex: i32) -> Result<bool> {
     let mut hook = libbpf_sys::bpf_tc_hook {
@@ -202,6 +224,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let mut skel = open.load().context("loading the BPF programs (verifier log above)")?;
 
+    ensure_bpffs(&args.pin_dir)?;
     fs::create_dir_all(&args.pin_dir)
         .with_context(|| format!("creating {} (is bpffs mounted at /sys/fs/bpf?)", args.pin_dir.display()))?;
     let mut att = Attachments { xdp: Vec::new(), tc: Vec::new(), pins: Vec::new() };
