@@ -13,13 +13,14 @@ filter priority LOSS_PRIO on clsact egress, so it can sit beside the agent's pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from cgloop.lab.bpf import CLSACT_EGRESS, load_sched_cls, loss_program
 from cgloop.lab.lab import Lab
-from cgloop.lab.sessions import BulkSpec, Ect1Spec, Session, make_session
+from cgloop.lab.sessions import BulkSpec, Ect1Spec, MediaSession, Session, make_session
 from pydantic import BaseModel, ConfigDict, Field
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -78,23 +79,36 @@ class ActiveFault:
         self._restore: tuple[str, str, float] | None = None
         self._loss_at: tuple[str, str] | None = None
         self.detail: dict = {}
+        self.onset_ns: int | None = None  # known in advance for prepared faults
+
+    def prepare(self, start_at_ns: int) -> None:
+        """Start generator-based faults ahead of time, set to begin at `start_at_ns`, so that
+        Python start-up (a second or more on a busy machine) never delays their onset."""
+        if isinstance(self.spec, Ect1Abuse):
+            self._start_ect1(self.spec, start_at_ns)
+            self.onset_ns = start_at_ns
+
+    def _start_ect1(self, spec: Ect1Abuse, start_at_ns: int | None) -> None:
+        ect1 = Ect1Spec(
+            src=spec.src,
+            dst=spec.dst,
+            rate_mbit=spec.rate_mbit,
+            burst_packets=spec.burst_packets,
+            port=spec.port,
+        )
+        self.session = make_session(self.lab, self.ident, self.out_dir, ect1)
+        self.session.start(spec.duration, start_at_ns)
 
     def apply(self) -> None:
         spec, lab = self.spec, self.lab
+        if self.onset_ns is not None:
+            return  # prepared: its generator starts itself on time
         if isinstance(spec, Congestion):
             bulk = BulkSpec(src=spec.src, dst=spec.dst, flows=spec.flows, port=spec.port)
             self.session = make_session(lab, self.ident, self.out_dir, bulk)
             self.session.start(spec.duration)
         elif isinstance(spec, Ect1Abuse):
-            ect1 = Ect1Spec(
-                src=spec.src,
-                dst=spec.dst,
-                rate_mbit=spec.rate_mbit,
-                burst_packets=spec.burst_packets,
-                port=spec.port,
-            )
-            self.session = make_session(lab, self.ident, self.out_dir, ect1)
-            self.session.start(spec.duration)
+            self._start_ect1(spec, None)
         elif isinstance(spec, RateCap):
             link = lab.topo.bottleneck()
             node, peer = (link.a, link.b) if spec.direction == "down" else (link.b, link.a)
@@ -115,6 +129,11 @@ class ActiveFault:
         if self.session:
             self.session.stop()
             self.detail = self.session.result()
+            if isinstance(self.session, MediaSession):
+                # The generator needs a moment to start: when its first packet really left.
+                with contextlib.suppress(OSError):
+                    sent = self.session.packets("down").send_ns
+                    self.detail["first_packet_ns"] = int(sent.min()) if len(sent) else None
         if self._restore:
             lab_node, peer, rate = self._restore
             self.lab.set_rate(lab_node, peer, rate)

@@ -1,7 +1,7 @@
 """Scenarios: background traffic for a while, faults on a schedule, a report at the end.
 
-Every fault's onset (the moment its apply step returned: tc change acknowledged, BPF filter
-attached, generator process started) is recorded in CLOCK_REALTIME ns, the clock the traffic
+Every fault's onset (the moment its apply step began: tc change, BPF filter attach, iperf3
+start; for a prepared generator the instant it was scheduled to start sending) is recorded in CLOCK_REALTIME ns, the clock the traffic
 generators stamp packets with, and written to `events.jsonl` as it happens, so the loop
 benchmark can line onsets up with detections, actions and the gaming flows' latency.
 """
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 DEFAULT_SCENARIO = "scenario.yaml"
 SETTLE_NS = 1_000_000_000
+STARTUP_S = 2.5  # head start for generator processes (Python start-up on a busy machine)
 
 
 class Scenario(BaseModel):
@@ -103,14 +104,23 @@ class Runner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         sc = self.scenario
         active: dict[str, tuple[ActiveFault, FaultEvent]] = {}
+        # Everything starts at one instant a little ahead, so slow process start-up shifts
+        # neither the traffic nor the faults; t0 is that instant.
+        start_ns = time.time_ns() + int(STARTUP_S * 1e9)
+        t0 = time.monotonic() + (start_ns - time.time_ns()) / 1e9
+        faults = [
+            ActiveFault(self.lab, f, f"{f.kind}{i}", self.run_dir) for i, f in enumerate(sc.faults)
+        ]
         try:
             for i, spec in enumerate(sc.traffic):
                 ident = f"{spec.kind}{i}"
                 self.sessions[ident] = make_session(self.lab, ident, self.run_dir, spec)
-                self.sessions[ident].start(sc.duration)
+                self.sessions[ident].start(sc.duration, start_ns)
                 self.say(f"traffic {ident} started")
-            t0 = time.monotonic()
-            started_ns = time.time_ns()
+            for fault in faults:
+                fault.prepare(start_ns + int(fault.spec.at * 1e9))
+            self._sleep_until(t0)
+            started_ns = start_ns
             steps = sorted(
                 [(f.at, 1, i) for i, f in enumerate(sc.faults)]
                 + [(f.at + f.duration, 0, i) for i, f in enumerate(sc.faults)]
@@ -120,14 +130,16 @@ class Runner:
                 spec = sc.faults[i]
                 ident = f"{spec.kind}{i}"
                 if is_apply:
-                    fault = ActiveFault(self.lab, spec, ident, self.run_dir)
+                    fault = faults[i]
                     t_apply = time.monotonic()
+                    # Onset = when applying began: the kernel may act on it before apply returns.
+                    began_ns = time.time_ns()
                     fault.apply()
                     event = FaultEvent(
                         id=ident,
                         kind=spec.kind,
                         spec=spec.model_dump(),
-                        onset_ns=time.time_ns(),
+                        onset_ns=fault.onset_ns or began_ns,
                         apply_ms=(time.monotonic() - t_apply) * 1000,
                     )
                     active[ident] = (fault, event)
@@ -149,6 +161,9 @@ class Runner:
                 fault.revert()
                 event.end_ns = time.time_ns()
                 self.events.append(event)
+            for fault in faults:  # prepared but never reached
+                if fault.session and not any(f is fault for f, _ in active.values()):
+                    fault.session.stop()
             for session in self.sessions.values():
                 session.stop()
         return self.report(started_ns)

@@ -86,7 +86,8 @@ class Session:
         self.procs.append(proc)
         return proc
 
-    def start(self, duration: float) -> None:
+    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+        """Start the generators; those that can wait begin sending at `start_at_ns`."""
         raise NotImplementedError
 
     def stop(self, grace: float = 5.0) -> None:
@@ -124,7 +125,13 @@ class MediaSession(Session):
         self.profile, self.server, self.client, self.port = profile, server, client, port
 
     def _peer(
-        self, node: str, other: str, spec: StreamSpec | None, duration: float, out: Path
+        self,
+        node: str,
+        other: str,
+        spec: StreamSpec | None,
+        duration: float,
+        out: Path,
+        start_at_ns: int | None,
     ) -> None:
         topo = self.lab.topo
         argv = [
@@ -141,13 +148,19 @@ class MediaSession(Session):
         ]
         if spec:
             argv += ["--send", spec.model_dump_json()]
+        if start_at_ns is not None:
+            argv += ["--start-at-ns", str(start_at_ns)]
         self._spawn(node, argv, role=out.name.rsplit("-", 1)[-1])
 
-    def start(self, duration: float) -> None:
-        self.started_ns = time.time_ns()
+    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+        self.started_ns = start_at_ns or time.time_ns()
         # The client binds first so the first downstream frames find a socket.
-        self._peer(self.client, self.server, self.profile.up, duration, self.downstream_path)
-        self._peer(self.server, self.client, self.profile.down, duration, self.upstream_path)
+        self._peer(
+            self.client, self.server, self.profile.up, duration, self.downstream_path, start_at_ns
+        )
+        self._peer(
+            self.server, self.client, self.profile.down, duration, self.upstream_path, start_at_ns
+        )
 
     @property
     def downstream_path(self) -> Path:
@@ -178,8 +191,8 @@ class BulkSession(Session):
         super().__init__(lab, ident, out_dir)
         self.spec = spec
 
-    def start(self, duration: float) -> None:
-        self.started_ns = time.time_ns()
+    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+        self.started_ns = time.time_ns()  # iperf3 starts in milliseconds: no scheduling
         dst = str(self.lab.topo.address(self.spec.dst))
         port = str(self.spec.port)
         self._spawn(self.spec.dst, ["iperf3", "-s", "-1", "-B", dst, "-p", port], "server")
@@ -220,8 +233,8 @@ class WebSession(Session):
         super().__init__(lab, ident, out_dir)
         self.spec = spec
 
-    def start(self, duration: float) -> None:
-        self.started_ns = time.time_ns()
+    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+        self.started_ns = time.time_ns()  # background browsing: starts when it is ready
         addr = f"{self.lab.topo.address(self.spec.server)}:{self.spec.port}"
         self._spawn(self.spec.server, [*GENERATOR, "web-server", "--bind", addr], "server")
         _wait_listening(self.lab.ns(self.spec.server), self.spec.port, timeout=10)

@@ -26,9 +26,12 @@ def media_cmd(
     send: str = typer.Option("", help="StreamSpec as JSON; empty: receive only"),
     duration: float = typer.Option(10.0, min=0.1),
     out: Annotated[Path | None, typer.Option(help="write OUT.npz and OUT.json")] = None,
+    start_at_ns: Annotated[
+        int | None, typer.Option(help="CLOCK_REALTIME ns at which to start sending")
+    ] = None,
 ) -> None:
     spec = StreamSpec.model_validate_json(send) if send else None
-    media.run_peer(_addr(bind), _addr(peer), spec, duration, out)
+    media.run_peer(_addr(bind), _addr(peer), spec, duration, out, start_at_ns=start_at_ns)
 
 
 @app.command("web-server")

@@ -64,11 +64,13 @@ class Sender(threading.Thread):
         duration: float,
         stop: threading.Event,
         seed: int | None = None,
+        start_at_ns: int | None = None,
     ) -> None:
         super().__init__(name="sender", daemon=True)
         self.sock, self.peer, self.spec, self.duration, self.stop = sock, peer, spec, duration, stop
         self.rng = random.Random(seed)
         self.ssrc = self.rng.getrandbits(32)
+        self.start_at_ns = start_at_ns
         self.sent = 0
         self.sent_bytes = 0
         self.send_errors = 0
@@ -79,6 +81,9 @@ class Sender(threading.Thread):
             self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, spec.tos)
         frame_bytes = spec.rate_kbps * 1000 / 8 / spec.fps
         period = 1.0 / spec.fps
+        if self.start_at_ns is not None:  # a scheduled start: the fault's onset is exact
+            self.stop.wait(max(self.start_at_ns - time.time_ns(), 0) / 1e9)
+        self.first_send_ns = time.time_ns()
         start = time.monotonic()
         frame = 0
         seq = self.rng.getrandbits(16)
@@ -189,9 +194,14 @@ def run_peer(
     duration: float,
     out: Path | None,
     linger: float = 1.0,
+    start_at_ns: int | None = None,
 ) -> dict:
     """Send `send` (if any) to `peer` for `duration` s while recording what arrives on `bind`;
-    then write `<out>.npz` (per packet) and `<out>.json` (summary). SIGTERM ends it early."""
+    then write `<out>.npz` (per packet) and `<out>.json` (summary). SIGTERM ends it early.
+
+    With `start_at_ns` (CLOCK_REALTIME) the receiver is ready at once but sending (and the
+    duration) starts at that instant, so start-up time of the process never shifts the traffic.
+    """
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -199,11 +209,13 @@ def run_peer(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(bind)
     receiver = Receiver(sock)
-    sender = Sender(sock, peer, send, duration, stop) if send else None
+    sender = Sender(sock, peer, send, duration, stop, start_at_ns=start_at_ns) if send else None
     started_ns = time.time_ns()
+    late_ms = (started_ns - start_at_ns) / 1e6 if start_at_ns else None
+    delay = max((start_at_ns or started_ns) - started_ns, 0) / 1e9
     if sender:
         sender.start()
-    receiver.run(stop, until=time.monotonic() + duration + linger)
+    receiver.run(stop, until=time.monotonic() + delay + duration + linger)
     stop.set()
     if sender:
         sender.join()
@@ -212,6 +224,9 @@ def run_peer(
         "bind": f"{bind[0]}:{bind[1]}",
         "peer": f"{peer[0]}:{peer[1]}",
         "started_ns": started_ns,
+        "start_at_ns": start_at_ns,
+        "late_start_ms": late_ms if late_ms and late_ms > 0 else 0.0,
+        "first_send_ns": getattr(sender, "first_send_ns", None),
         "ended_ns": time.time_ns(),
         "sent": sender.sent if sender else 0,
         "sent_bytes": sender.sent_bytes if sender else 0,

@@ -1,0 +1,119 @@
+"""Unit tests that need no root: topology, scenario, RTP framing, statistics, the BPF program."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+import numpy as np
+import pytest
+from cgloop.lab.bpf import loss_program
+from cgloop.lab.scenario import load_scenario
+from cgloop.lab.topology import load_topology
+from cgloop.lab.traffic.media import STAMP, Receiver, parse, rtp_packet
+from cgloop.lab.traffic.profiles import PROFILES
+from cgloop.lab.traffic.stats import Packets
+
+
+def test_default_topology_routes_every_host_through_the_bottleneck():
+    topo = load_topology()
+    assert topo.bottleneck().a == "edge" and topo.bottleneck().b == "cpe"
+    # A client's only route is its default route to the cpe.
+    gw = topo.link_between("cpe", "cl1").addr_a
+    assert topo.routes("cl1") == [(ipaddress.IPv4Network("0.0.0.0/0"), gw)]
+    # The edge reaches the client subnets through the cpe end of the bottleneck.
+    edge_routes = dict(topo.routes("edge"))
+    cpe_end = topo.bottleneck().addr_b
+    assert edge_routes[ipaddress.IPv4Network("10.77.11.0/30")] == cpe_end
+    assert topo.netns("edge") == "cgl-edge"
+
+
+def test_lab_name_override_is_validated():
+    assert load_topology(name="cgl-lab-123").netns("cl1") == "cgl-lab-123-cl1"
+    with pytest.raises(ValueError, match="name"):
+        load_topology(name="Bad Name!")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        (
+            "nodes: [{name: a, role: router}]\nlinks: [{a: a, b: z, subnet: 10.0.0.0/30}]",
+            "unknown node 'z'",
+        ),
+        (
+            "nodes: [{name: a, role: router}, {name: b, role: client}, {name: c, role: client}]\n"
+            "links: [{a: a, b: b, subnet: 10.0.0.0/24}, {a: a, b: c, subnet: 10.0.0.0/30}]",
+            "overlap",
+        ),
+        ("nodes: [{name: a, role: router}]\nlinks: [}", "not valid YAML"),
+        ("nodes: [{name: a, role: wizard}]\nlinks: []", "role"),
+    ],
+)
+def test_bad_topology_is_refused_with_the_file_and_reason(tmp_path, yaml_text, message):
+    path = tmp_path / "topo.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValueError, match=message) as err:
+        load_topology(path)
+    assert str(path) in str(err.value)
+
+
+def test_default_scenario_loads_and_bad_ones_are_refused(tmp_path):
+    sc = load_scenario()
+    assert {f.kind for f in sc.faults} == {"congestion", "rate_cap", "loss", "ect1_abuse"}
+    late = tmp_path / "late.yaml"
+    late.write_text("duration: 5\nfaults: [{kind: loss, at: 4, duration: 3, percent: 5}]")
+    with pytest.raises(ValueError, match="after the scenario"):
+        load_scenario(late)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("duration: 5\nfaults: [{kind: meteor, at: 1, duration: 1}]")
+    with pytest.raises(ValueError, match=r"unknown\.yaml"):
+        load_scenario(unknown)
+
+
+def test_rtp_packet_round_trip_and_garbage():
+    stamp = STAMP.pack(123456789, 7, 0, 3)
+    pkt = rtp_packet(65535, 90000, 0xABCDEF, 96, True, stamp, 1200)
+    assert len(pkt) == 1200
+    assert pkt[0] >> 6 == 2 and pkt[1] & 0x80  # RTP v2, marker set
+    assert parse(pkt) == (65535, 123456789, 96)
+    assert parse(b"") is None
+    assert parse(bytes(40)) is None  # version 0
+    assert parse(pkt[:20]) is None  # too short for the stamp
+
+
+def test_sequence_extension_handles_wrap_and_reordering():
+    rx = Receiver.__new__(Receiver)
+    rx._max = None
+    seqs = [65533, 65534, 65535, 0, 65535 - 5, 1, 2]
+    assert [rx._extend(s) for s in seqs] == [65533, 65534, 65535, 65536, 65530, 65537, 65538]
+
+
+def test_summary_counts_loss_and_percentiles():
+    seq = np.array([s for s in range(1000) if s % 10 != 0], dtype=np.int64)  # 10 % lost
+    send = seq * 1_000_000
+    recv = send + 2_000_000  # 2 ms one-way
+    recv[-1] += 98_000_000  # one 100 ms outlier
+    summ = Packets(seq, send, recv, np.full(len(seq), 1200)).summary()
+    assert summ.expected == 999 and summ.lost == 99
+    assert summ.p50_ms == pytest.approx(2.0)
+    assert summ.max_ms == pytest.approx(100.0)
+    window = Packets(seq, send, recv, np.full(len(seq), 1200)).window(0, 100_000_000)
+    assert len(window) == 90
+
+
+def test_loss_program_threshold_encodes_probability():
+    for p in (0.05, 0.5, 1.0):
+        code = loss_program(p)
+        assert len(code) == 6 * 8
+        # Instruction 1 is the JMP32 compare; its immediate is the unsigned drop threshold.
+        _, _, _, imm = struct.unpack_from("<BBhi", code, 8)
+        assert (imm & 0xFFFFFFFF) == min(int(p * 2**32) - 1, 2**32 - 1)
+    with pytest.raises(ValueError):
+        loss_program(0)
+
+
+def test_gaming_profiles_follow_the_domain_notes():
+    assert PROFILES["gfn"].down.rate_kbps == 33_000 and PROFILES["gfn"].down.fps == 60
+    assert PROFILES["xc"].down.rate_kbps == 13_000
+    assert PROFILES["psn"].up.fps == 100  # client input every 10 ms
