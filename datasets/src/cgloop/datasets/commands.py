@@ -274,3 +274,129 @@ def register(app: typer.Typer) -> None:
     app.add_typer(store_app, name="store")
     app.command("query")(query_cmd)
     app.command("sink")(sink_cmd)
+    app.add_typer(dataset_app, name="dataset")
+
+
+dataset_app = typer.Typer(
+    help="Dataset bundles: tables as Parquet + manifest.json (export, import, describe).",
+    no_args_is_help=True,
+)
+
+
+def _client(url: str | None, path: Path | None, default_url: bool):
+    """A store client: a server URL, an embedded folder, or (reads) the running store."""
+    import clickhouse_connect
+
+    if url and path:
+        _err.print("[red]give --url or --path, not both[/]")
+        raise typer.Exit(2)
+    if path or not (url or default_url):
+        folder = (path or _default_path()).resolve()
+        try:
+            return clickhouse_connect.get_client(dsn=f"chdb://{folder}")
+        except Exception as exc:
+            _err.print(
+                f"[red]cannot open the store folder {folder}: {escape(str(exc))} (a running "
+                "`cgloop store serve` owns it: stop it with `cgloop down`, or use --url)[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1) from None
+    return clickhouse_connect.get_client(dsn=url or settings().store_http_url)
+
+
+def _fail(exc: Exception) -> None:
+    _err.print(f"[red]dataset: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from None
+
+
+@dataset_app.command("export")
+def export_cmd(
+    out: Annotated[Path, typer.Argument(help="bundle folder to write")],
+    scenario: Annotated[
+        Path, typer.Option(help="JSON file: how the data was recorded (see docs/queries.md)")
+    ],
+    table: Annotated[list[str], typer.Option("--table", "-t", help="table to include")],
+    name: Annotated[str | None, typer.Option(help="bundle name (default: folder name)")] = None,
+    start: Annotated[str | None, typer.Option("--from", help="UTC start, ISO 8601")] = None,
+    end: Annotated[str | None, typer.Option("--to", help="UTC end (exclusive), ISO 8601")] = None,
+    description: Annotated[str, typer.Option()] = "",
+    url: Annotated[str | None, typer.Option(help="store or ClickHouse URL")] = None,
+    path: Annotated[Path | None, typer.Option(help="chDB folder no server owns")] = None,
+) -> None:
+    """Export a time range of tables as Parquet files plus manifest.json."""
+    from datetime import UTC, datetime
+
+    from cgloop.datasets.bundles import BundleError, Scenario, export
+    from pydantic import ValidationError
+
+    try:
+        scen = Scenario.model_validate_json(scenario.read_text())
+        times = [datetime.fromisoformat(t).replace(tzinfo=UTC) if t else None for t in (start, end)]
+    except (OSError, ValidationError, ValueError) as exc:
+        _fail(exc)
+    client = _client(url, path, default_url=True)
+    try:
+        manifest = export(
+            client, out, name or out.name, table, scen, times[0], times[1], description
+        )
+    except BundleError as exc:
+        _fail(exc)
+    rows = ", ".join(f"{t} {f.rows}" for t, f in manifest.tables.items())
+    print(f"exported {out}: {rows}")
+
+
+@dataset_app.command("import")
+def import_cmd(
+    bundle: Annotated[Path, typer.Argument(help="bundle folder")],
+    url: Annotated[str | None, typer.Option(help="ClickHouse server URL")] = None,
+    path: Annotated[Path | None, typer.Option(help="chDB folder no server owns")] = None,
+) -> None:
+    """Validate a bundle against the store, then insert it (importing twice counts once)."""
+    from cgloop.datasets.bundles import BundleError, import_bundle
+    from cgloop.datasets.store.migrations import migrate
+
+    client = _client(url, path, default_url=False)
+    try:
+        migrate(client)
+        written = import_bundle(client, bundle)
+    except BundleError as exc:
+        _fail(exc)
+    print(f"imported {bundle}: " + ", ".join(f"{t} {n}" for t, n in written.items()))
+
+
+@dataset_app.command("describe")
+def describe_cmd(bundle: Annotated[Path, typer.Argument(help="bundle folder")]) -> None:
+    """Print a bundle's manifest: scenario, time range, tables and rows."""
+    from cgloop.datasets.bundles import BundleError, read_manifest
+
+    try:
+        m = read_manifest(bundle)
+    except BundleError as exc:
+        _fail(exc)
+    console = Console()
+    console.print(f"[bold]{m.name}[/] — {m.description or 'no description'}")
+    console.print(
+        f"schema version {m.schema_version}; recorded {m.time_start or '…'} to {m.time_end or '…'}"
+    )
+    s = m.scenario
+    console.print(
+        f"{'synthetic' if s.synthetic else 'real'} data from {s.source}; licence {s.licence}"
+    )
+    console.print(
+        f"timestamps: {s.timestamp_source}, {s.timestamp_resolution_ns} ns; clocks: {s.clock_sync}"
+    )
+    for label, value in [
+        ("topology", s.topology),
+        ("hardware", s.hardware),
+        ("traffic", s.traffic_pattern),
+        ("faults", "; ".join(s.fault_schedule)),
+        ("software", ", ".join(f"{k} {v}" for k, v in s.software_versions.items())),
+        ("notes", s.notes),
+    ]:
+        if value:
+            console.print(f"{label}: {value}", highlight=False)
+    table = Table("table", "rows", "columns", "file")
+    for name, f in m.tables.items():
+        table.add_row(name, str(f.rows), str(len(f.columns)), f.file)
+    console.print(table)
