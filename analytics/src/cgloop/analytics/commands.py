@@ -39,15 +39,16 @@ def _examples(data_root: Path | None, max_background: int, synthetic: int):
     with _progress() as prog:
         task = prog.add_task("features", total=len(flows))
         ex = build_examples(flows, progress=lambda: prog.advance(task))
-    return ex
+    return ex, flows
 
 
-def _cross_validate(ex, folds: int):
+def _cross_validate(ex, folds: int, flows=None):
     from cgloop.analytics.evaluate import cross_validate
 
     with _progress() as prog:
         task = prog.add_task("held-out captures", total=folds)
-        return cross_validate(ex, n_splits=folds, progress=lambda: prog.advance(task))
+        return cross_validate(ex, n_splits=folds, progress=lambda: prog.advance(task),
+                              flows_meta=flows)
 
 
 def train_cmd(
@@ -62,8 +63,8 @@ def train_cmd(
     from cgloop.analytics.model import save
 
     out = out or default_model_path()
-    ex = _examples(data_root, max_background, synthetic)
-    ev = _cross_validate(ex, folds)
+    ex, flows = _examples(data_root, max_background, synthetic)
+    ev = _cross_validate(ex, folds, flows)
     with console.status("training the final model on every capture"):
         model, card = train(ex, ev)
         card = save(model, card, out)
@@ -85,8 +86,8 @@ def evaluate_cmd(
     from cgloop.analytics.model import read_card
 
     card = read_card(model) if model else None
-    ex = _examples(data_root, max_background, synthetic)
-    ev = _cross_validate(ex, folds)
+    ex, flows = _examples(data_root, max_background, synthetic)
+    ev = _cross_validate(ex, folds, flows)
     path = write_report(ev, out_dir, card)
     console.print(f"report → {path}")
     print(json.dumps({"report": str(path), **ev.metrics()}, indent=2))

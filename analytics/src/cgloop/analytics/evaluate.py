@@ -13,12 +13,12 @@ import base64
 import html
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from cgloop.analytics.datasets import CLASSES, PREFIXES_S, Examples
+from cgloop.analytics.datasets import CLASSES, PREFIXES_S, Examples, LabelledFlow
 from cgloop.analytics.features import CLASSIFIER_FEATURES
 from cgloop.analytics.model import (
     FORMAT_VERSION,
@@ -52,6 +52,20 @@ class Evaluation:
     folds: int
     pr_curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # per real flow: (name, source, true class, predicted class, time to decision s)
+    flows: list[tuple[str, str, str, str, float]] = field(default_factory=list)
+
+    def game_stream_scores(self) -> dict[str, float]:
+        """Binary cloud gaming vs rest over real flows, positives being game STREAMS: the
+        GeForce Now set-up flows of the nDPI capture (TLS/DTLS signalling) are left out."""
+        rows = [f for f in self.flows if "geforcenow" not in f[1]]
+        tp = sum(1 for f in rows if f[2] == "cloud_gaming" and f[3] == "cloud_gaming")
+        fp = sum(1 for f in rows if f[2] != "cloud_gaming" and f[3] == "cloud_gaming")
+        fn = sum(1 for f in rows if f[2] == "cloud_gaming" and f[3] != "cloud_gaming")
+        p = tp / (tp + fp) if tp + fp else 0.0
+        r = tp / (tp + fn) if tp + fn else 0.0
+        return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0,
+                "streams": float(tp + fn), "false_positives": float(fp)}
 
     def metrics(self) -> dict[str, float | dict[str, float]]:
         cg = self.per_class.get("cloud_gaming", {})
@@ -62,6 +76,7 @@ class Evaluation:
             "cloud_gaming_recall": cg.get("recall", 0.0),
             "macro_f1": float(np.mean([m["f1"] for m in self.per_class.values()])),
             "cloud_gaming_decision_p50_s": float(np.median(ttd)) if ttd else float("nan"),
+            "game_stream_f1": self.game_stream_scores()["f1"] if self.flows else float("nan"),
             "per_class_f1": {c: m["f1"] for c, m in self.per_class.items()},
         }
 
@@ -90,6 +105,7 @@ def cross_validate(
     n_splits: int = 5,
     estimator: Callable[[], FlowClassifier] = FlowClassifier,
     progress: Callable[[], None] | None = None,
+    flows_meta: Sequence[LabelledFlow] | None = None,
 ) -> Evaluation:
     groups = np.unique(ex.groups)
     n_splits = min(n_splits, len(groups))
@@ -142,7 +158,15 @@ def cross_validate(
     for f in flows:
         kind = "synthetic" if f[4] else "real"
         counts.setdefault(f[1], {"real": 0, "synthetic": 0})[kind] += 1
+    per_flow = []
+    for f in real:
+        meta = flows_meta[f[0]] if flows_meta is not None else None
+        per_flow.append((
+            meta.name if meta else str(f[0]), meta.source if meta else "", str(f[1]),
+            str(classes[int(np.argmax(f[2]))]), f[3],
+        ))
     return Evaluation(
+        flows=per_flow,
         classes=present,
         per_class=per_class,
         confusion=confusion_matrix(y_true, y_pred, labels=present).tolist(),
@@ -260,6 +284,8 @@ def write_report(ev: Evaluation, out_dir: Path, card: ModelCard | None = None) -
             for c, ts in ev.decision_s.items()
         },
         "counts": ev.counts,
+        "game_streams": ev.game_stream_scores(),
+        "misclassified": [f[:4] for f in ev.flows if f[2] != f[3]],
         "summary": ev.metrics(),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
@@ -273,6 +299,10 @@ def write_report(ev: Evaluation, out_dir: Path, card: ModelCard | None = None) -
         f"<tr><td>{c}</td><td>{v['n']}</td><td>{v['p50']}</td><td>{v['p90']}</td>"
         f"<td>{v['never_confident']}</td></tr>"
         for c, v in metrics["time_to_decision_s"].items()
+    )
+    wrong = "".join(
+        f"<tr><td>{html.escape(n)}</td><td>{html.escape(s)}</td><td>{t}</td><td>{p}</td></tr>"
+        for n, s, t, p, _ in ev.flows if t != p
     )
     card_html = (
         f"<p>Model {html.escape(card.version)}, training-data SHA-256 "
@@ -299,6 +329,8 @@ model trained without that capture. Numbers below are on <b>{ev.flows_real} real
 folds only and are not counted.</p>
 <h2>Per class</h2><table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th>
 <th>real flows</th><th>synthetic flows</th></tr>{rows}</table>
+<p>Game streams only (binary cloud gaming vs everything else, GeForce Now set-up flows left
+out): {html.escape(json.dumps({k: round(v, 3) for k, v in ev.game_stream_scores().items()}))}</p>
 <h2>Time to decision (s)</h2><table><tr><th>class</th><th>flows</th><th>p50</th><th>p90</th>
 <th>never confident</th></tr>{ttd}</table>
 <p>Platform accuracy on held-out gaming flows: {html.escape(json.dumps(ev.platform_accuracy))}
@@ -312,6 +344,8 @@ timing but mostly session set-up, not long streams.</li>
 <li>The classifier uses only mean-based features ({", ".join(CLASSIFIER_FEATURES)}) so it cannot
 learn which data set a flow came from.</li></ul>
 <h2>Plots</h2>{imgs}
+<h2>Misclassified real flows</h2><table><tr><th>flow</th><th>source</th><th>true</th>
+<th>predicted</th></tr>{wrong}</table>
 <p>Data: Xbox Cloud Gaming (dcomp-leris/VR-AR-CG-network-telemetry, BSD-3-Clause); nDPI test
 pcaps (ntop/nDPI, LGPL-3.0).</p></body></html>"""
     path = out_dir / "report.html"

@@ -74,7 +74,12 @@ class Packet:
     rtp_marker: bool = False
 
 
-RTP_CLOCK_HZ = 90_000  # video clock; the probe reports jitter in ns using the payload type's clock
+RTP_CLOCK_HZ = 90_000  # video clock, the default until the stream's clock is known
+# Common RTP clocks (RFC 3551 and dynamic audio/video types); the stream's clock is estimated from
+# timestamp progress over arrival time and snapped to the nearest of these.
+RTP_CLOCKS_HZ = (8_000, 16_000, 32_000, 44_100, 48_000, 90_000)
+_STATIC_CLOCKS = {0: 8_000, 3: 8_000, 4: 8_000, 8: 8_000, 9: 8_000, 18: 8_000, 26: 90_000,
+                  31: 90_000, 32: 90_000, 33: 90_000, 34: 90_000}
 
 
 @dataclass(slots=True)
@@ -92,6 +97,10 @@ class _Rtp:
     duplicates: int = 0
     markers: int = 0
     seen: set[int] = field(default_factory=set)
+    clock_hz: int = 0  # 0 until known
+    last_arrival_ns: int = 0
+    first_arrival_ns: int = 0
+    first_ts: int = 0
     expected_prior: int = 0
     received_prior: int = 0
 
@@ -196,8 +205,8 @@ class IntervalAccumulator:
                 RtpStats(
                     ssrc=rtp.ssrc,
                     payload_type=rtp.pt,
-                    clock_rate_hz=RTP_CLOCK_HZ,
-                    jitter_ns=int(rtp.jitter * NS / RTP_CLOCK_HZ),
+                    clock_rate_hz=rtp.clock_hz,
+                    jitter_ns=int(rtp.jitter * NS / rtp.clock_hz) if rtp.clock_hz else 0,
                     lost_packets=max(0, lost_total - lost_prior),
                     reordered_packets=rtp.reordered,
                     sequence_gaps=rtp.gaps,
@@ -214,8 +223,12 @@ class IntervalAccumulator:
     def _rtp_update(self, p: Packet) -> None:
         assert p.rtp_ssrc is not None
         st = self._rtp.get(p.key)
+        if st is not None and st.ssrc != p.rtp_ssrc and p.ts_ns - st.last_arrival_ns < 2 * NS:
+            return  # another stream multiplexed on the 5-tuple: follow the first one
         if st is None or st.ssrc != p.rtp_ssrc:
-            st = _Rtp(ssrc=p.rtp_ssrc, pt=p.rtp_pt, max_seq=p.rtp_seq, base_seq=p.rtp_seq)
+            st = _Rtp(ssrc=p.rtp_ssrc, pt=p.rtp_pt, max_seq=p.rtp_seq, base_seq=p.rtp_seq,
+                      clock_hz=_STATIC_CLOCKS.get(p.rtp_pt, 0), first_arrival_ns=p.ts_ns,
+                      first_ts=p.rtp_ts)
             self._rtp[p.key] = st
         # extend the 16-bit sequence number around the current maximum
         cycles = st.max_seq & ~0xFFFF
@@ -233,12 +246,18 @@ class IntervalAccumulator:
         st.seen.add(ext)
         st.max_seq = max(st.max_seq, ext)
         st.received += 1
+        st.last_arrival_ns = p.ts_ns
         if p.rtp_marker:
             st.markers += 1
-        transit = p.ts_ns * RTP_CLOCK_HZ / NS - p.rtp_ts
+        if not st.clock_hz and p.ts_ns - st.first_arrival_ns >= NS // 2:
+            rate = ((p.rtp_ts - st.first_ts) & 0xFFFFFFFF) / ((p.ts_ns - st.first_arrival_ns) / NS)
+            st.clock_hz = min(RTP_CLOCKS_HZ, key=lambda c: abs(c - rate))
+        if not st.clock_hz:
+            return  # jitter needs the stream's clock
+        transit = p.ts_ns * st.clock_hz / NS - p.rtp_ts
         if st.last_transit is not None:
             d = abs(transit - st.last_transit)
-            if d < RTP_CLOCK_HZ:  # ignore timestamp jumps (new talk spurt, clock reset)
+            if d < st.clock_hz:  # ignore timestamp jumps (new talk spurt, clock reset)
                 st.jitter += (d - st.jitter) / 16
         st.last_transit = transit
 

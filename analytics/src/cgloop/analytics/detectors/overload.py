@@ -3,10 +3,11 @@
 Every subject (a switch queue from INT, a node, a network function) gets a utilisation series
 rho(t). With the capacity model R_max = (1 s - d_Σ) / t_CPU, a function's rho is its packet
 rate over its capacity (`capacity_pps`); a node's is its busiest core; a switch queue's is
-its egress utilisation, raised to 1 when the queue's latency passes `queue_latency_ns`.
+its egress utilisation or its queueing delay over the `queue_latency_ns` budget, whichever
+is higher.
 A subject fires when rho stays >= `warn_rho` for `min_duration`, or when a line fitted over the
-last `trend_window` predicts rho >= 1 within `horizon` while rho is already >= `trend_floor`
-(so noise at low load is never extrapolated). It clears below `clear_rho` (hysteresis).
+last `trend_window` predicts rho >= 1 within `horizon` while rho has stayed >= `trend_floor`
+for half of `min_duration` (noise at low load and lone spikes are never extrapolated). It clears below `clear_rho` (hysteresis).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class _Subject:
     subject: QueueRef | str
     samples: deque = field(default_factory=deque)
     above_since: int | None = None
+    floor_since: int | None = None
     in_episode: bool = False
     last_seen: int = 0
 
@@ -38,7 +40,7 @@ class QueueOverloadDetector:
     def __init__(
         self,
         warn_rho: float = 0.9,
-        clear_rho: float = 0.7,
+        clear_rho: float = 0.5,  # below trend_floor: one excursion fires once
         trend_floor: float = 0.6,
         horizon_ns: int = 2 * NS,
         trend_window_ns: int = 5 * NS,
@@ -80,9 +82,13 @@ class QueueOverloadDetector:
                 s.in_episode, s.above_since = False, None
             return []
         s.above_since = (s.above_since or t) if rho >= self.warn_rho else None
+        s.floor_since = (s.floor_since or t) if rho >= self.trend_floor else None
         sustained = s.above_since is not None and t - s.above_since >= self.min_duration_ns
         predicted, eta_s = rho, float("inf")
-        if len(s.samples) >= 4 and rho >= self.trend_floor:
+        # extrapolate only a rise that has held above the floor for half the minimum duration:
+        # a lone spike is never a trend
+        rising = s.floor_since is not None and t - s.floor_since >= self.min_duration_ns // 2
+        if len(s.samples) >= 4 and rising:
             ts = np.array([x[0] for x in s.samples], dtype=float) / NS
             ys = np.array([x[1] for x in s.samples])
             slope, icpt = np.polyfit(ts - ts[-1], ys, 1)
@@ -102,6 +108,8 @@ class QueueOverloadDetector:
                    "ratio"),
                 ev("predicted_rho", predicted, 1.0, rho, "ratio"),
                 ev("seconds_to_overload", min(eta_s, 1e9), self.horizon_ns / NS, 0.0, "s"),
+                ev("above_floor_s", (t - (s.floor_since or t)) / NS, self.min_duration_ns / 2 / NS,
+                   0.0, "s"),
                 *extra,
             ],
             self.name, (s.samples[0][0], t), s.subject, start,
@@ -113,9 +121,8 @@ class QueueOverloadDetector:
                        queue_id=q.queue_id)
         s = self._get(f"q/{q.switch_id}/{q.egress_port}/{q.queue_id}",
                       DetectionKind.DETECTION_KIND_QUEUE_CONGESTION, ref)
-        rho = float(q.egress_tx_utilization)
-        if q.queue_latency_ns >= self.queue_latency_ns:
-            rho = max(rho, 1.0)
+        # a queue's delay against its budget is a load measure too (1.0 = at the budget)
+        rho = max(float(q.egress_tx_utilization), q.queue_latency_ns / self.queue_latency_ns)
         extra = [ev("queue_latency_ns", q.queue_latency_ns, self.queue_latency_ns, 0.0, "ns"),
                  ev("queue_occupancy_cells", q.queue_occupancy_cells, 0.0, 0.0, "cells")]
         return self._update(s, q.header.timestamp_ns, rho, extra)
