@@ -7,7 +7,8 @@ its egress utilisation or its queueing delay over the `queue_latency_ns` budget,
 is higher.
 A subject fires when rho stays >= `warn_rho` for `min_duration`, or when a line fitted over the
 last `trend_window` predicts rho >= 1 within `horizon` while rho has stayed >= `trend_floor`
-for half of `min_duration` (noise at low load and lone spikes are never extrapolated). It clears below `clear_rho` (hysteresis).
+for half of `min_duration` (noise at low load and lone spikes are never extrapolated). It
+clears below `clear_rho` (hysteresis).
 """
 
 from __future__ import annotations
