@@ -57,6 +57,7 @@ impl ProducerContext for Context_ {
 pub struct FlowProducer {
     producer: ThreadedProducer<Context_>,
     pub stats: Arc<KafkaStats>,
+    pub message_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -82,7 +83,7 @@ impl FlowProducer {
             .set("log.connection.close", "false")
             .create_with_context(Context_ { stats: stats.clone() })
             .with_context(|| format!("creating a Kafka producer for {}", cfg.bootstrap))?;
-        Ok(Self { producer, stats })
+        Ok(Self { producer, stats, message_timeout: cfg.message_timeout })
     }
 
     /// Queues the records (never blocks); records that do not fit the buffer are counted dropped.

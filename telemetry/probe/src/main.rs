@@ -165,7 +165,10 @@ impl Sink {
             out.flush().context("writing records")?;
         }
         if let Some(k) = &self.kafka {
-            k.flush(Duration::from_secs(30))?;
+            // Undelivered batches time out (and are counted dropped) within the message timeout.
+            if let Err(e) = k.flush(k.message_timeout.min(Duration::from_secs(30)) + Duration::from_secs(2)) {
+                eprintln!("cgloop-probe: warning: {e:#}; {} messages left undelivered", k.queue_depth());
+            }
         }
         Ok(())
     }

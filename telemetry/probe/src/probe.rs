@@ -349,12 +349,17 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     sink.finish()?;
     let stats = sum_stats(&skel);
-    let summary: serde_json::Map<String, serde_json::Value> = STAT_NAMES
+    let mut summary: serde_json::Map<String, serde_json::Value> = STAT_NAMES
         .iter()
         .zip(stats)
         .map(|(n, v)| ((*n).to_string(), v.into()))
         .chain([("records".to_string(), sink.records.into())])
         .collect();
+    if let Some(k) = &sink.kafka {
+        let s = &k.stats;
+        summary.insert("kafka_records_delivered".into(), s.records_delivered.load(Ordering::Relaxed).into());
+        summary.insert("kafka_records_dropped".into(), s.records_dropped.load(Ordering::Relaxed).into());
+    }
     eprintln!("{}", serde_json::Value::Object(summary));
     drop(att);
     Ok(())
