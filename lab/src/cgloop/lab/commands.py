@@ -71,7 +71,6 @@ def register(app: typer.Typer) -> None:
         table = Table(title=f"lab {st.name}: {'up' if st.up else 'not (fully) up'}")
         for col in (
             "node",
-            "netns",
             "interface",
             "address",
             "qdisc",
@@ -84,12 +83,11 @@ def register(app: typer.Typer) -> None:
             table.add_column(col)
         for node in st.nodes:
             if not node.exists:
-                table.add_row(node.node, node.netns, "[red]missing[/]")
+                table.add_row(node.node, f"[red]namespace {node.netns} missing[/]")
                 continue
             for i, iface in enumerate(node.interfaces):
                 table.add_row(
                     node.node if i == 0 else "",
-                    node.netns if i == 0 else "",
                     iface.ifname,
                     iface.address or "",
                     iface.qdisc or "",
@@ -160,6 +158,12 @@ def print_report(report) -> None:
             console.print(
                 f"{ident}: {summ['packets']} packets, p99 {_ms(summ['p99_ms'])} ms, "
                 f"loss {summ['loss_pct']:.2f} %"
+            )
+        elif res.get("kind") == "web" and res.get("fetch_ms"):
+            f = res["fetch_ms"]
+            console.print(
+                f"{ident}: {res['fetches']} fetches, {res['errors']} errors, "
+                f"fetch time p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms"
             )
         elif "error" in res:
             console.print(f"{ident}: {res['error']}")

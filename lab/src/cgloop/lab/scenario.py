@@ -1,9 +1,10 @@
 """Scenarios: background traffic for a while, faults on a schedule, a report at the end.
 
 Every fault's onset (the moment its apply step began: tc change, BPF filter attach, iperf3
-start; for a prepared generator the instant it was scheduled to start sending) is recorded in CLOCK_REALTIME ns, the clock the traffic
-generators stamp packets with, and written to `events.jsonl` as it happens, so the loop
-benchmark can line onsets up with detections, actions and the gaming flows' latency.
+start; for a prepared generator, the instant it was scheduled to start sending) is recorded in
+CLOCK_REALTIME ns, the clock the traffic generators stamp packets with, and written to
+`events.jsonl` as it happens, so the loop benchmark can line onsets up with detections, actions
+and the gaming flows' latency.
 """
 
 from __future__ import annotations
