@@ -86,6 +86,9 @@ class Engine:
     source_id: str = "policy-engine"
     # Operators have this long to approve an action in approval mode before it expires.
     approval_timeout_s: float = 600.0
+    # Telemetry arrives late (export intervals, Kafka): with no samples after the action yet,
+    # verification waits this much longer before concluding "not checked".
+    verify_grace_s: float = 3.0
     remember_detections: int = 100_000
 
     def __post_init__(self) -> None:
@@ -403,6 +406,10 @@ class Engine:
         applied = entry.result.applied_ns
         before = self.telemetry.read(e.metric, action, applied - baseline_ns, applied)
         after = self.telemetry.read(e.metric, action, applied, applied + e.within_ns)
+        now = self.clock()
+        if after is None and now < applied + e.within_ns + int(self.verify_grace_s * NS):
+            heapq.heappush(self._due, (now + NS // 10, action.id))
+            return
         v = apb.Verification(metric=e.metric)
         if before is not None:
             v.before_value = before.value

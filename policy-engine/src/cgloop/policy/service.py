@@ -56,13 +56,14 @@ def run(
         publish(producer, engine.drain())  # whatever resuming from the journal produced
         while not stop.is_set():
             item = consumer.poll(poll_s)
+            events = []
             if item is not None:
                 _, batch, msg = item
-                engine.handle(batch)  # type: ignore[arg-type]
+                events += engine.handle(batch)  # type: ignore[arg-type]
             engine.tick()
             if approvals is not None and approvals.is_dir():
                 process_approvals(engine, approvals)
-            publish(producer, engine.drain())
+            publish(producer, events + engine.drain())
             if item is not None:
                 consumer.commit(msg)
     finally:

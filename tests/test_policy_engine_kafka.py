@@ -1,0 +1,152 @@
+"""The policy engine on the real Kafka broker: detections in, gRPC actions, audit trail out.
+
+Detections, probe results and actions travel through the session's real broker; the engine
+drives a NodeAgentService served over real gRPC on loopback by an in-memory backend (the Rust
+agent itself is exercised by the end-to-end issue's tests).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from cgloop.bus.kafka import BatchConsumer, BatchProducer
+from cgloop.policy import model, service
+from cgloop.policy.actuators import NodeAgentActuator, Router
+from cgloop.policy.engine import Engine
+from cgloop.policy.journal import Journal
+from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
+from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, probes
+from cgloop.v1 import action_pb2 as apb
+from cgloop.v1 import detection_pb2 as dpb
+
+pytestmark = pytest.mark.kafka
+MS = 1_000_000
+
+
+def _policy(run: str) -> model.Policy:
+    (p,) = model.parse_policies(
+        f"""
+id: kafka-gaming
+match:
+  kinds: [slo_latency]
+  severity_at_least: major
+  subject: flow
+  labels: {{run: "{run}"}}
+action:
+  operation: reprioritise_flow
+  target: {{node_id: "{{label:node_id}}", interface_name: "{{label:interface}}"}}
+  parameters: {{class_id: 0x10010, rewrite_dscp: 46}}
+  deadline: 2s
+  expect:
+    metric: probe.p99_rtt_ns
+    comparator: less_than
+    value: 30000000
+    within: 1s
+    baseline_window: 60s  # the feed may take seconds to join its group
+  rollback_on: [worse]
+guards:
+  hold_time: 10s
+"""
+    )
+    return p
+
+
+def _wait(condition, timeout_s: float, what: str, engine: Engine | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    state = f" (engine: {engine.stats})" if engine is not None else ""
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{state}")
+
+
+def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_path: Path) -> None:
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    client = "10.77.0.9"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    producer = BatchProducer(bootstrap)
+    store = WindowStore()
+    feed = KafkaTelemetryFeed(bootstrap, store, group_id=f"policy-telemetry-{run}").start()
+    stop = threading.Event()
+    with AgentServer(MemoryNodeAgent("node-a")) as agent:
+        engine = Engine(
+            [_policy(run)],
+            Router(NodeAgentActuator({"node-a": agent.address})),
+            telemetry=store,
+            journal=Journal(tmp_path / "journal.jsonl"),
+            source_id=f"policy-engine-{run}",
+        )
+        worker = threading.Thread(
+            target=service.run, args=(engine, bootstrap, stop, f"policy-{run}"), daemon=True
+        )
+        worker.start()
+        try:
+            now = time.time_ns()
+            producer.send(
+                "cgloop.probes.v1", probes(now - 2_000 * MS, now, 40 * MS, target=client), key=run
+            )
+            producer.flush()
+            _wait(lambda: store.ingested >= 40, 60, "the telemetry feed")
+            producer.send_raw("cgloop.detections.v1", b"\x0a\x40\x01", key=run)  # poison
+            det = detection(now, client=client, labels=labels)
+            producer.send("cgloop.detections.v1", dpb.DetectionBatch(records=[det]), key=run)
+            producer.flush()
+            _wait(lambda: agent.agent.changes == 1, 60, "the SetFlowClass call")
+            (entry,) = engine.journal.entries.values()
+            applied_ns = entry.result.applied_ns
+            # The flow got worse after the change: the probes say so, through Kafka.
+            producer.send(
+                "cgloop.probes.v1",
+                probes(applied_ns, applied_ns + 1_000 * MS, 90 * MS, target=client),
+                key=run,
+            )
+            producer.flush()
+            _wait(lambda: engine.stats.rolled_back == 1, 30, "the rollback", engine)
+        finally:
+            stop.set()
+            worker.join(30)
+            feed.stop()
+        assert not worker.is_alive()
+        assert [m for m, _ in agent.agent.calls] == ["SetFlowClass", "GetState", "SetFlowClass"]
+
+    # The audit trail on the actions topic, in order, for this run's engine.
+    consumer = BatchConsumer(bootstrap, f"policy-audit-{run}", ["cgloop.actions.v1"])
+    seen: list[apb.ActionEvent] = []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and len(seen) < 5:
+            item = consumer.poll(1.0)
+            if item is None:
+                continue
+            for ev in item[1].events:
+                header = ev.action.header if ev.HasField("action") else ev.result.header
+                if header.source_id == f"policy-engine-{run}":
+                    seen.append(ev)
+    finally:
+        consumer.close()
+    by_action: dict[str, list[str]] = {}
+    for ev in seen:
+        if ev.HasField("action"):
+            key, state = ev.action.id, "action:" + apb.ActionState.Name(ev.action.state)
+        else:
+            key, state = ev.result.action_id, apb.ActionState.Name(ev.result.state)
+        by_action.setdefault(key, []).append(state)
+    # Batches are keyed by action id, so each action's own events stay in order.
+    assert sorted(by_action.values()) == [
+        ["action:ACTION_STATE_PROPOSED", "ACTION_STATE_APPLIED", "ACTION_STATE_ROLLED_BACK"],
+        ["action:ACTION_STATE_PROPOSED", "ACTION_STATE_VERIFIED"],  # the rollback action
+    ]
+    final = [ev.result for ev in seen if ev.HasField("result")][-1]
+    assert final.state == apb.ACTION_STATE_ROLLED_BACK
+    assert final.verification.verdict == apb.VERDICT_WORSE
+    assert final.verification.after_value == 90 * MS
+    assert final.detection_to_apply_ns > 0
+    original = next(ev.action for ev in seen if ev.HasField("action"))
+    assert original.reason_detection_ids == [det.id]
+    assert engine.stats.detections == 1  # the poison message was dead-lettered, not decided on
