@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from cgloop.lab.bpf import CLSACT_EGRESS, load_sched_cls, loss_program
 from cgloop.lab.lab import Lab
@@ -24,6 +24,8 @@ from cgloop.lab.sessions import BulkSpec, Ect1Spec, MediaSession, Session, make_
 from pydantic import BaseModel, ConfigDict, Field
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+
+_S = TypeVar("_S", bound=BaseModel)
 
 LOSS_PRIO = 0xC1  # clsact egress filter priority of the lab's loss program
 LOSS_NAME = "cgl_lab_loss"
@@ -36,12 +38,11 @@ class _Fault(BaseModel):
     duration: float = Field(gt=0)
 
 
-class Congestion(_Fault):
-    kind: Literal["congestion"] = "congestion"
-    src: str = "bulk"
-    dst: str = "home"
-    flows: int = Field(4, ge=1, le=64)
-    port: int = Field(5202, ge=1024, le=65535)
+class Congestion(_Fault, BulkSpec):
+    """A bulk TCP flood (BulkSpec's fields) for the fault's duration."""
+
+    kind: Literal["congestion"] = "congestion"  # type: ignore[assignment]
+    port: int = Field(5202, ge=1024, le=65535)  # beside a background bulk session's 5201
 
 
 class RateCap(_Fault):
@@ -58,13 +59,10 @@ class Loss(_Fault):
     peer: str | None = None
 
 
-class Ect1Abuse(_Fault):
-    kind: Literal["ect1_abuse"] = "ect1_abuse"
-    src: str = "apps"
-    dst: str = "home"
-    rate_mbit: float = Field(30.0, gt=0, le=1000)
-    burst_packets: int = Field(4, ge=1, le=64)
-    port: int = Field(51004, ge=1024, le=65535)
+class Ect1Abuse(_Fault, Ect1Spec):
+    """The ECT(1) abuser (Ect1Spec's fields) for the fault's duration."""
+
+    kind: Literal["ect1_abuse"] = "ect1_abuse"  # type: ignore[assignment]
 
 
 FaultSpec = Annotated[Congestion | RateCap | Loss | Ect1Abuse, Field(discriminator="kind")]
@@ -89,14 +87,7 @@ class ActiveFault:
             self.onset_ns = start_at_ns
 
     def _start_ect1(self, spec: Ect1Abuse, start_at_ns: int | None) -> None:
-        ect1 = Ect1Spec(
-            src=spec.src,
-            dst=spec.dst,
-            rate_mbit=spec.rate_mbit,
-            burst_packets=spec.burst_packets,
-            port=spec.port,
-        )
-        self.session = make_session(self.lab, self.ident, self.out_dir, ect1)
+        self.session = make_session(self.lab, self.ident, self.out_dir, _as(Ect1Spec, spec))
         self.session.start(spec.duration, start_at_ns)
 
     def apply(self) -> None:
@@ -104,8 +95,7 @@ class ActiveFault:
         if self.onset_ns is not None:
             return  # prepared: its generator starts itself on time
         if isinstance(spec, Congestion):
-            bulk = BulkSpec(src=spec.src, dst=spec.dst, flows=spec.flows, port=spec.port)
-            self.session = make_session(lab, self.ident, self.out_dir, bulk)
+            self.session = make_session(lab, self.ident, self.out_dir, _as(BulkSpec, spec))
             self.session.start(spec.duration)
         elif isinstance(spec, Ect1Abuse):
             self._start_ect1(spec, None)
@@ -139,6 +129,11 @@ class ActiveFault:
             self.lab.set_rate(lab_node, peer, rate)
         if self._loss_at:
             remove_loss(self.lab, *self._loss_at)
+
+
+def _as(model: type[_S], fault: _Fault) -> _S:
+    """The traffic spec a generator-based fault carries (its fields minus kind and timing)."""
+    return model.model_validate(fault.model_dump(include=set(model.model_fields) - {"kind"}))
 
 
 def add_loss(lab: Lab, node: str, peer: str, probability: float) -> None:

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
 from cgloop.lab.faults import ActiveFault, FaultSpec
 from cgloop.lab.lab import Lab
 from cgloop.lab.sessions import GamingSpec, MediaSession, Session, TrafficSpec, make_session
 from cgloop.lab.traffic.stats import DelaySummary
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from cgloop.lab.yamlfile import load_yaml_model
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_SCENARIO = "scenario.yaml"
 SETTLE_NS = 1_000_000_000
@@ -44,19 +44,8 @@ class Scenario(BaseModel):
 
 
 def load_scenario(path: Path | None = None) -> Scenario:
-    from importlib import resources
-
-    if path is None:
-        text = resources.files("cgloop.lab.data").joinpath(DEFAULT_SCENARIO).read_text()
-        where = f"<default {DEFAULT_SCENARIO}>"
-    else:
-        text, where = Path(path).read_text(), str(path)
-    try:
-        return Scenario.model_validate(yaml.safe_load(text))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{where}: not valid YAML: {exc}") from exc
-    except ValidationError as exc:
-        raise ValueError(f"{where}: invalid scenario: {exc}") from exc
+    """The scenario in `path` (YAML), or the shipped default."""
+    return load_yaml_model(Scenario, path, DEFAULT_SCENARIO, "scenario")
 
 
 class FaultEvent(BaseModel):

@@ -12,11 +12,10 @@ from __future__ import annotations
 import ipaddress
 from collections import deque
 from enum import StrEnum
-from importlib import resources
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from cgloop.lab.yamlfile import load_yaml_model
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_TOPOLOGY = "topology.yaml"
 
@@ -184,16 +183,5 @@ class Topology(BaseModel):
 
 def load_topology(path: Path | None = None, name: str | None = None) -> Topology:
     """The topology in `path` (YAML), or the shipped default; `name` overrides the lab name."""
-    if path is None:
-        text = resources.files("cgloop.lab.data").joinpath(DEFAULT_TOPOLOGY).read_text()
-        where = f"<default {DEFAULT_TOPOLOGY}>"
-    else:
-        text, where = Path(path).read_text(), str(path)
-    try:
-        raw = yaml.safe_load(text)
-        topo = Topology.model_validate(raw)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{where}: not valid YAML: {exc}") from exc
-    except ValidationError as exc:
-        raise ValueError(f"{where}: invalid topology: {exc}") from exc
+    topo = load_yaml_model(Topology, path, DEFAULT_TOPOLOGY, "topology")
     return topo.with_name(name) if name else topo
