@@ -6,12 +6,15 @@ use anyhow::{Context, Result};
 use cgloop_proto::v1::{int_record::Record, IntRecord, IntRecordBatch};
 use prost::Message;
 use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 pub const TOPIC: &str = "cgloop.int.v1";
 const BUCKETS: u64 = 64;
+static SCHEMA: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| cgloop_proto::SCHEMA_VERSION.to_string());
 
 fn bucket(r: &IntRecord) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
@@ -59,7 +62,11 @@ impl KafkaSink {
         for (b, batch) in group(records) {
             let key = format!("int-{b}");
             let payload = batch.encode_to_vec();
-            let mut rec = BaseRecord::to(&self.topic).key(&key).payload(&payload);
+            // The headers cgloop's consumers check (core/src/cgloop/bus/codec.py).
+            let headers = OwnedHeaders::new()
+                .insert(Header { key: "cgloop-type", value: Some("cgloop.v1.IntRecordBatch") })
+                .insert(Header { key: "cgloop-schema-version", value: Some(SCHEMA.as_str()) });
+            let mut rec = BaseRecord::to(&self.topic).key(&key).payload(&payload).headers(headers);
             // Full local queue: wait for deliveries instead of losing records.
             loop {
                 match self.producer.send(rec) {

@@ -6,5 +6,6 @@ pub mod parse;
 pub mod gen;
 pub mod state;
 pub mod bench;
+#[cfg(feature = "kafka")]
 pub mod export;
 pub mod recv;

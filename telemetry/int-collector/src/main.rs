@@ -162,6 +162,9 @@ struct GenArgs {
     /// Print the flows, paths and steady-state hop values as JSON and exit.
     #[arg(long)]
     describe: bool,
+    /// Write the packets as files into this folder instead of sending them (fuzz corpus).
+    #[arg(long)]
+    out_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -333,6 +336,16 @@ fn gen(a: GenArgs) -> Result<()> {
     let mut g = Generator::new(a.gen.config());
     if a.describe {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"config": g.config(), "flows": g.describe()}))?);
+        return Ok(());
+    }
+    if let Some(dir) = &a.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut buf = Vec::new();
+        for i in 0..a.count {
+            g.next_packet(&mut buf);
+            let path = dir.join(format!("gen-{}-{i:05}", g.config().format.name()));
+            std::fs::write(&path, &buf).with_context(|| format!("writing {}", path.display()))?;
+        }
         return Ok(());
     }
     install_signals();

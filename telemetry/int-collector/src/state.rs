@@ -208,9 +208,11 @@ impl State {
         self.queue_events(r, hops, now_ns, out);
         let Some(flow) = r.inner.flow else { return };
         if r.dropped {
+            // A drop report's stack ends where the packet died: not the flow's path.
             self.drop_event(r, flow, now_ns, out);
+            return;
         }
-        if !hops.is_empty() && !(r.dropped && !stacked) {
+        if !hops.is_empty() {
             self.flow_events(r, flow, hops, stacked, now_ns, out);
         }
     }
@@ -390,7 +392,7 @@ impl State {
         fs.reports = fs.reports.max(1);
         let full = self.cfg.tx_util_full_scale;
         let hops: Vec<IntHop> = fs.hops[..fs.len].iter().map(|s| int_hop(&s.md, full)).collect();
-        let e2e = end_to_end(&fs.hops[..fs.len]);
+        let e2e = end_to_end(&fs.hops[..fs.len], fs.stacked);
         let tuple = five_tuple(&key);
         for (i, (h, header)) in hops.iter().zip(hop_headers).enumerate() {
             let rec = cgloop_proto::v1::IntHopRecord { header, five_tuple: Some(tuple.clone()), hop_index: i as u32, hop: Some(h.clone()) };
@@ -469,10 +471,11 @@ fn int_hop(md: &HopMetadata, full: u32) -> IntHop {
     }
 }
 
-/// Source ingress to sink egress when both 64-bit timestamps exist and are ordered; otherwise
-/// the sum of hop latencies (switch clocks need not be synchronised).
-fn end_to_end(hops: &[HopState]) -> u64 {
-    let first = hops.first().and_then(|h| h.md.ingress_timestamp);
+/// Source ingress to sink egress when one packet's stack carried both 64-bit timestamps and
+/// they are ordered; otherwise (32-bit timestamps, or per-hop reports of different packets) the
+/// sum of hop latencies (switch clocks need not be synchronised).
+fn end_to_end(hops: &[HopState], stacked: bool) -> u64 {
+    let first = hops.first().and_then(|h| h.md.ingress_timestamp).filter(|_| stacked);
     let last = hops.last().and_then(|h| h.md.egress_timestamp);
     match (first, last) {
         (Some(a), Some(b)) if b > a && a > u64::from(u32::MAX) => b - a,

@@ -136,6 +136,9 @@ fn drops_are_reported_at_once_then_folded() {
         // 200 drops; those of the last interval may still be pending.
         assert!((100..=200).contains(&total), "{format:?}: {total}");
         assert!(drops.len() <= 4, "{format:?}: drops folded per interval: {drops:?}");
+        // Drop reports never look like path changes.
+        let reasons = flow_reasons(&recs);
+        assert!(!reasons.contains(&IntEventReason::PathChange), "{format:?}: {reasons:?}");
     }
 }
 
