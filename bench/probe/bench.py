@@ -162,8 +162,9 @@ def kernel_cost(
             finally:
                 probe.stop()
             out[(flows, rtp)] = (t1 - t0) / max(c1 - c0, 1)
-            print(f"  {flows:>7} flows, RTP parsing {'on ' if rtp else 'off'}: "
-                  f"{out[(flows, rtp)]:7.1f} ns/packet over {c1 - c0} packets", flush=True)  # fmt: skip
+            mode = "on " if rtp else "off"
+            per = out[(flows, rtp)]
+            print(f"  {flows:>7} flows, RTP parsing {mode}: {per:7.1f} ns/packet", flush=True)
     return out
 
 
@@ -226,8 +227,9 @@ def free_port() -> int:
 
 def metric(port: int, name: str) -> float:
     # The endpoint is inside the probe's namespace: ask from there.
-    text = sh("ip", "netns", "exec", NS_B, sys.executable, "-c",
-              f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())").stdout  # fmt: skip
+    url = f"http://127.0.0.1:{port}/metrics"
+    code = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+    text = sh("ip", "netns", "exec", NS_B, sys.executable, "-c", code).stdout
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 

@@ -63,7 +63,11 @@ impl<'a> Twin<'a> {
     }
 
     fn sweep(&mut self, now: u64, finish: bool, sink: &mut dyn FnMut(Vec<FlowRecord>) -> Result<()>) -> Result<()> {
-        let entries: Vec<_> = self.table.values().copied().collect();
+        // Table order (HashMap) is random per process: sort so a capture always gives the same
+        // records with the same sequence numbers.
+        let mut entries: Vec<_> = self.table.iter().map(|(k, e)| (*k, *e)).collect();
+        entries.sort_unstable_by(|a, b| (a.1 .1.first_ns, a.0).cmp(&(b.1 .1.first_ns, b.0)));
+        let entries: Vec<_> = entries.into_iter().map(|(_, e)| e).collect();
         let swept = self.sweeper.sweep(now, self.epoch, entries, finish);
         self.epoch = self.epoch.wrapping_add(1);
         for k in &swept.expired {
