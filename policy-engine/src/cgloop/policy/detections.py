@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import ipaddress
+from functools import lru_cache
 
 from cgloop.policy.model import Kind, Severity, Subject
 from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1.common_pb2 import FiveTuple
 
+_KIND_VALUES = {k.value for k in Kind}
+# Kinds added to the proto after this build's policy schema are matched by no policy.
+_KINDS = {
+    number: Kind(name.removeprefix("DETECTION_KIND_").lower())
+    for name, number in dpb.DetectionKind.items()
+    if name.removeprefix("DETECTION_KIND_").lower() in _KIND_VALUES
+}
+
 
 def kind_of(det: dpb.Detection) -> Kind | None:
-    name = dpb.DetectionKind.Name(det.kind) if det.kind in dpb.DetectionKind.values() else ""
-    try:
-        return Kind(name.removeprefix("DETECTION_KIND_").lower())
-    except ValueError:
-        return None
+    return _KINDS.get(det.kind)
 
 
 def severity_rank(det: dpb.Detection) -> int:
@@ -36,6 +41,7 @@ def subject_of(det: dpb.Detection) -> Subject | None:
     }.get(which or "")
 
 
+@lru_cache(maxsize=65_536)
 def addr_text(raw: bytes) -> str:
     try:
         return str(ipaddress.ip_address(raw))

@@ -94,6 +94,11 @@ class Engine:
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
         self.by_id = {p.id: p for p in self.policies}
+        self._by_kind: dict[object, list[Policy]] = {}
+        for p in self.policies:  # already in priority order
+            if p.enabled:
+                for k in p.match.kinds:
+                    self._by_kind.setdefault(k, []).append(p)
         self.stats = EngineStats()
         self._triggers: dict[tuple[str, str], _Trigger] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -149,6 +154,8 @@ class Engine:
         return result
 
     def drain(self) -> list[apb.ActionEvent]:
+        """The events decided since the last drain, after making the journal durable."""
+        self.journal.sync()
         out, self._outbox = self._outbox, []
         return out
 
@@ -162,9 +169,6 @@ class Engine:
 
     def _matches(self, p: Policy, det: dpb.Detection, subject: Subject | None) -> bool | None:
         """True: matches; False: same kind and subject type but below the bar; None: unrelated."""
-        kind = dets.kind_of(det)
-        if kind is None or kind not in p.match.kinds:
-            return None
         if p.match.subject is not Subject.ANY and subject is not p.match.subject:
             return None
         for k, v in p.match.labels.items():
@@ -188,9 +192,7 @@ class Engine:
         skey = dets.subject_key(det)
         now = self.clock()
         acted = False
-        for p in self.policies:
-            if not p.enabled:
-                continue
+        for p in self._by_kind.get(dets.kind_of(det), ()):
             m = self._matches(p, det, subject)
             if m is None:
                 continue
@@ -388,7 +390,7 @@ class Engine:
             entry = self.journal.get(action_id)
             if entry is not None and entry.state == apb.ACTION_STATE_APPLIED:
                 self._verify(entry)
-        for entry in self.journal.open_entries():
+        for entry in self.journal.open_entries() if self._approvals_open() else ():
             if entry.awaiting_approval and now > entry.action.deadline_ns:
                 self.stats.expired += 1
                 self._result(entry, apb.ACTION_STATE_EXPIRED, "not approved before its deadline")
@@ -513,6 +515,9 @@ class Engine:
         )
 
     # --- approval -------------------------------------------------------------------------
+
+    def _approvals_open(self) -> bool:
+        return any(p.mode is Mode.APPROVE for p in self.policies)
 
     def pending_approvals(self) -> list[apb.Action]:
         return [e.action for e in self.journal.open_entries() if e.awaiting_approval]

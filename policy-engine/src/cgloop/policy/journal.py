@@ -53,6 +53,8 @@ class Journal:
         self.fsync = fsync
         self.entries: dict[str, Entry] = {}
         self.order: list[str] = []
+        self._open: dict[str, None] = {}  # ids not yet final, in decision order
+        self._dirty = False
         self._fh = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +85,10 @@ class Journal:
         if entry.action.id not in self.entries:
             self.order.append(entry.action.id)
         self.entries[entry.action.id] = entry
+        if entry.state in FINAL:
+            self._open.pop(entry.action.id, None)
+        else:
+            self._open[entry.action.id] = None
 
     def record(self, entry: Entry) -> None:
         self._remember(entry)
@@ -95,17 +101,30 @@ class Journal:
             "approval": entry.awaiting_approval,
         }
         self._fh.write(json.dumps(row) + "\n")
+        self._dirty = True
+
+    def sync(self) -> None:
+        """Make everything recorded so far durable (group commit, once per detection batch).
+
+        Called before events are published and offsets committed. An action applied but not
+        yet synced when the process dies is decided again under the same id after the restart,
+        and the actuator's idempotency key turns the second apply into a replay.
+        """
+        if self._fh is None or not self._dirty:
+            return
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())
+        self._dirty = False
 
     def get(self, action_id: str) -> Entry | None:
         return self.entries.get(action_id)
 
     def open_entries(self) -> list[Entry]:
-        return [self.entries[i] for i in self.order if self.entries[i].state not in FINAL]
+        return [self.entries[i] for i in self._open]
 
     def close(self) -> None:
+        self.sync()
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -99,6 +99,7 @@ class Kind(StrEnum):
     PATH_CHANGE = "path_change"
     PACKET_DROPS = "packet_drops"
     TELEMETRY_GAP = "telemetry_gap"
+    FLOW_ANOMALY = "flow_anomaly"
 
 
 class Severity(StrEnum):

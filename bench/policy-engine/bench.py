@@ -1,0 +1,383 @@
+"""Policy engine benchmark: decision latency at 10 k detections/s, and planner runtimes.
+
+    uv run python bench/policy-engine/bench.py            # everything (starts its own Kafka)
+    uv run python bench/policy-engine/bench.py planners   # Natif only, no Kafka
+    uv run python bench/policy-engine/bench.py decide     # in-process decision latency only
+
+Figures and the baselines they are compared with, side by side in the same run:
+* planners: Natif (Algorithm 1 + 2) at DS1/DS2/DS3 (100/200/300 functions, 30/60/90 chains,
+  1 k/2 k/3 k flows, Hajji §7.3) against the throughput-only baseline (StratosB) and Greedy
+  run on the same data, and against the published Natif mapping runtimes 1 / 2.3 / 3.3 s;
+* decide: detection -> action event inside the engine (guards, journal with fsync, a real
+  gRPC call to an in-memory node agent for every applied action) at 10 k detections/s,
+  against the same engine with the notify-only actuator and no journal (pure decision cost);
+* kafka: detection produced -> action event consumed, through the real broker at
+  10 k detections/s, against a pass-through consumer that republishes every detection
+  batch unchanged on the same topics (the bus's own latency).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from cgloop.policy import model
+from cgloop.policy.actuators import NodeAgentActuator, NotifyActuator, Router
+from cgloop.policy.engine import Engine
+from cgloop.policy.guards import Budget
+from cgloop.policy.journal import Journal
+from cgloop.policy.planners import natif
+from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection
+from cgloop.v1 import detection_pb2 as dpb
+
+RATE = 10_000  # detections per second
+BATCH = 50  # detections per Kafka message / per engine call (5 ms of detections)
+PUBLISHED_NATIF_S = {1000: 1.0, 2000: 2.3, 3000: 3.3}  # Hajji Fig. 7.6b, flow mapping
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def dist(values_ns: list[float]) -> str:
+    ms = [v / 1e6 for v in values_ns]
+    return (
+        f"p50 {pct(ms, 0.5):7.3f} ms  p99 {pct(ms, 0.99):7.3f} ms  "
+        f"p99.9 {pct(ms, 0.999):7.3f} ms  max {max(ms):7.3f} ms  (n={len(ms)})"
+    )
+
+
+# --- planners ---------------------------------------------------------------------------------
+
+
+def dataset(n_functions: int, n_chains: int, n_flows: int, seed: int = 7):
+    rng = random.Random(seed)
+    functions = {}
+    for i in range(n_functions):
+        cat = natif.Category.IO_BOUND if rng.random() < 0.6 else natif.Category.CPU_BOUND
+        functions[f"nf{i}"] = natif.NetworkFunction(
+            f"nf{i}",
+            cat,
+            capacity_pps=rng.choice([50_000, 100_000, 200_000]),
+            capacity_bps=rng.choice([1e9, 2e9, 5e9]),
+            multithreaded=rng.random() < 0.3,
+            gain_pps=1.0,
+            gain_bps=rng.choice([1.0, 1.0, 0.7]),
+        )
+    names = list(functions)
+    rng.shuffle(names)
+    per_chain = [names[i::n_chains] for i in range(n_chains)]  # each function in one chain
+    flows = {}
+    chain_flows: list[list[str]] = [[] for _ in range(n_chains)]
+    for j in range(n_flows):
+        # Profiles P1/P2 of §7.1: high packet rate and low throughput, or the reverse.
+        if rng.random() < 0.5:
+            f = natif.Flow(f"f{j}", rng.uniform(5_000, 20_000), rng.uniform(1e6, 20e6))
+        else:
+            f = natif.Flow(f"f{j}", rng.uniform(500, 3_000), rng.uniform(100e6, 400e6))
+        flows[f.name] = f
+        chain_flows[j % n_chains].append(f.name)
+    branches = [
+        natif.Branch(f"ch{i}", tuple(per_chain[i]), tuple(chain_flows[i])) for i in range(n_chains)
+    ]
+    return functions, branches, flows
+
+
+def timed(fn, *args: object, repeat: int = 3) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_planners() -> None:
+    print("\n== Planner runtimes (Natif, Hajji §7.3 data-set sizes; best of 3)")
+    print(
+        f"{'data set':<22}{'Natif':>10}{'thr-only':>10}{'Greedy':>10}"
+        f"{'published':>11}{'vs pub.':>9}{'vs thr-only':>13}  flows through an overloaded instance"
+        " (rho>=1): Natif / thr-only / Greedy"
+    )
+    for n_f, n_c, n_flows in [(100, 30, 1000), (200, 60, 2000), (300, 90, 3000)]:
+        functions, branches, flows = dataset(n_f, n_c, n_flows)
+        t_natif = timed(natif.natif, functions, branches, flows)
+        t_thr = timed(natif.throughput_only, functions, branches, flows)
+        t_greedy = timed(natif.greedy, functions, branches, flows, 64)
+        plan = natif.natif(functions, branches, flows)
+        thr = natif.throughput_only(functions, branches, flows)
+        scaled, greedy = natif.greedy(functions, branches, flows, cores=64)
+
+        def overloaded(fns, d, n: int = len(flows)) -> str:
+            delays = natif.flow_delays_s(fns, d.distribution).values()
+            return f"{sum(math.isinf(x) for x in delays) / n:.1%}"
+
+        pub = PUBLISHED_NATIF_S[n_flows]
+        print(
+            f"{n_f} NF/{n_c} ch/{n_flows} flows".ljust(22)
+            + f"{t_natif:9.3f}s{t_thr:9.3f}s{t_greedy:9.3f}s{pub:10.1f}s"
+            + f"{t_natif / pub:8.3f}x{t_natif / t_thr:12.2f}x  "
+            + f"{overloaded(functions, plan)} / {overloaded(functions, thr)} / "
+            + f"{overloaded(scaled, greedy)}"
+        )
+
+
+# --- decision latency in process ----------------------------------------------------------------
+
+
+def policies() -> list[model.Policy]:
+    return [p for p in model.default_policies() if p.id != "function-overload-calvin-chain"]
+
+
+def workload(n: int, seed: int = 1) -> list[dpb.Detection]:
+    """Detections about 2 000 gaming flows (latency, jitter, L4S abuse) and a few nodes."""
+    rng = random.Random(seed)
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN"}
+    kinds = [
+        dpb.DETECTION_KIND_SLO_LATENCY,
+        dpb.DETECTION_KIND_SLO_JITTER,
+        dpb.DETECTION_KIND_L4S_MICROBURST,
+        dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
+    ]
+    out = []
+    for _ in range(n):
+        client = f"10.{rng.randrange(1, 3)}.{rng.randrange(0, 40)}.{rng.randrange(1, 26)}"
+        out.append(
+            detection(
+                time.time_ns(),
+                kind=rng.choice(kinds),
+                severity=rng.choice(
+                    [dpb.SEVERITY_MINOR, dpb.SEVERITY_MAJOR, dpb.SEVERITY_CRITICAL]
+                ),
+                client=client,
+                labels=labels,
+            )
+        )
+    return out
+
+
+def paced_engine_run(engine: Engine, dets: list[dpb.Detection]) -> list[float]:
+    """Feed batches on a 10 k/s schedule; latency = event emitted - batch's scheduled arrival."""
+    latencies: list[float] = []
+    start = time.perf_counter_ns() + 10_000_000
+    for i in range(0, len(dets), BATCH):
+        due = start + i * 1_000_000_000 // RATE
+        while (now := time.perf_counter_ns()) < due:
+            if due - now > 200_000:
+                time.sleep((due - now - 100_000) / 1e9)
+        batch = dpb.DetectionBatch(records=dets[i : i + BATCH])
+        t_wall = time.time_ns()
+        for d in batch.records:
+            d.header.timestamp_ns = t_wall
+            d.window_end_ns = t_wall
+        engine.handle(batch)
+        done = time.perf_counter_ns()
+        # Every detection of the batch waited from its own arrival time until the batch was done.
+        for k in range(len(batch.records)):
+            latencies.append(done - (due + k * 1_000_000_000 // RATE))
+    return latencies
+
+
+def bench_decide(seconds: float = 5.0) -> None:
+    n = int(RATE * seconds)
+    dets = workload(n)
+    warm = int(RATE * 1.0)  # drop the first second (Gallenmüller: warm-up)
+    print(
+        f"\n== Decision latency in process at {RATE} detections/s "
+        f"({seconds:g} s, first 1 s dropped)"
+    )
+    with tempfile.TemporaryDirectory() as tmp, AgentServer(MemoryNodeAgent("node-a")) as agent:
+        node = NodeAgentActuator({"node-a": agent.address})
+        full = Engine(
+            policies(),
+            Router(node),
+            journal=Journal(Path(tmp) / "journal.jsonl", fsync=True),
+            budget=Budget(limit=1_000_000, window_s=1),
+            source_id="bench",
+        )
+        lat = paced_engine_run(full, dets)[warm:]
+        s = full.stats
+        print(f"engine (guards, fsync journal, gRPC apply): {dist(lat)}")
+        print(
+            f"  decisions: {s.detections} detections, {s.applied} applied over gRPC, "
+            f"{s.refused} refused by guards, {s.pending_trigger} waiting for hysteresis, "
+            f"{s.unmatched} matched no policy"
+        )
+        node.close()
+    bare = Engine(policies(), NotifyActuator(), journal=Journal(None), budget=Budget(1_000_000, 1))
+    for d in dets:
+        d.id = str(uuid.uuid4())
+    lat_bare = paced_engine_run(bare, dets)[warm:]
+    print(f"baseline (notify actuator, no journal):     {dist(lat_bare)}")
+    print(
+        f"  ratio engine/baseline: p50 {pct(lat, 0.5) / pct(lat_bare, 0.5):.2f}x, "
+        f"p99 {pct(lat, 0.99) / pct(lat_bare, 0.99):.2f}x"
+    )
+
+
+# --- decision latency through Kafka -------------------------------------------------------------
+
+
+def bench_kafka(seconds: float = 5.0) -> None:
+    from cgloop.bus.kafka import BatchConsumer, BatchProducer
+    from cgloop.config import Settings
+    from cgloop.policy import service
+    from cgloop.stack.stack import Stack
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from conftest import free_port  # the project's own free-port helper
+
+    print(f"\n== Detection -> action through Kafka at {RATE} detections/s ({seconds:g} s)")
+    tmp = Path(tempfile.mkdtemp(prefix="cgloop-bench-policy-"))
+    settings = Settings(
+        state_dir=tmp,
+        kafka_port=free_port(),
+        kafka_controller_port=free_port(),
+        store_port=free_port(),
+    )
+    stack = Stack(settings)
+    status = stack.up()
+    if not status.healthy:
+        raise SystemExit(f"stack did not come up: {status.as_dict()}")
+    bootstrap = settings.bootstrap_servers
+    try:
+        run = uuid.uuid4().hex
+        n = int(RATE * seconds)
+
+        def measure(worker_target, label: str) -> list[float]:
+            dets = workload(n, seed=hash(label) & 0xFFFF)
+            stop = threading.Event()
+            worker = threading.Thread(target=worker_target, args=(stop,), daemon=True)
+            worker.start()
+            time.sleep(5)  # consumer group join
+            audit = BatchConsumer(
+                bootstrap,
+                f"bench-audit-{label}-{run}",
+                ["cgloop.actions.v1"],
+                **{"auto.offset.reset": "latest"},
+            )
+            audit.poll(3)
+            producer = BatchProducer(bootstrap, client_id=f"bench-{label}", **{"linger.ms": 0})
+            sent: dict[str, int] = {}
+            start = time.perf_counter_ns()
+            for i in range(0, n, BATCH):
+                due = start + i * 1_000_000_000 // RATE
+                while (now := time.perf_counter_ns()) < due:
+                    time.sleep(max(0, (due - now) / 1e9 - 0.0001))
+                batch = dpb.DetectionBatch(records=dets[i : i + BATCH])
+                t = time.time_ns()
+                for d in batch.records:
+                    d.header.timestamp_ns = t
+                    d.window_end_ns = t
+                    d.labels["bench"] = label
+                    sent[d.id] = t
+                producer.send("cgloop.detections.v1", batch, key=str(i))
+            producer.flush()
+            latencies: list[float] = []
+            deadline = time.monotonic() + 20
+            quiet = 0
+            while time.monotonic() < deadline and quiet < 3:
+                item = audit.poll(1.0)
+                if item is None:
+                    quiet += 1
+                    continue
+                quiet = 0
+                received = time.time_ns()
+                for ev in item[1].events:
+                    if ev.HasField("action") and ev.action.header.source_id == f"bench-{label}":
+                        for det_id in ev.action.reason_detection_ids:
+                            if det_id in sent:
+                                latencies.append(received - sent.pop(det_id))
+            stop.set()
+            worker.join(30)
+            audit.close()
+            return latencies
+
+        def engine_worker(stop: threading.Event) -> None:
+            engine = Engine(
+                [
+                    p.model_copy(
+                        update={
+                            "match": p.match.model_copy(
+                                update={"labels": {**p.match.labels, "bench": "engine"}}
+                            )
+                        }
+                    )
+                    for p in policies()
+                ],
+                NotifyActuator(),
+                journal=Journal(tmp / f"journal-{run}.jsonl", fsync=True),
+                budget=Budget(1_000_000, 1),
+                source_id="bench-engine",
+            )
+            service.run(engine, bootstrap, stop, group_id=f"bench-engine-{run}")
+
+        def passthrough_worker(stop: threading.Event) -> None:
+            """Baseline: turn every detection into a NOTIFY action with no policy logic at all."""
+            from cgloop.contracts import SCHEMA_VERSION
+            from cgloop.v1 import action_pb2 as apb
+            from cgloop.v1.common_pb2 import RecordHeader
+
+            consumer = BatchConsumer(bootstrap, f"bench-pass-{run}", ["cgloop.detections.v1"])
+            producer = BatchProducer(bootstrap, client_id="bench-pass")
+            seq = 0
+            while not stop.is_set():
+                item = consumer.poll(0.05)
+                if item is None:
+                    continue
+                out = apb.ActionBatch()
+                for d in item[1].records:
+                    if d.labels.get("bench") != "passthrough":
+                        continue
+                    seq += 1
+                    out.events.add().action.CopyFrom(
+                        apb.Action(
+                            header=RecordHeader(
+                                schema_version=SCHEMA_VERSION,
+                                source_id="bench-passthrough",
+                                sequence=seq,
+                                timestamp_ns=time.time_ns(),
+                            ),
+                            id=str(uuid.uuid4()),
+                            reason_detection_ids=[d.id],
+                            operation=apb.ACTION_OPERATION_NOTIFY,
+                            state=apb.ACTION_STATE_PROPOSED,
+                        )
+                    )
+                if out.events:
+                    producer.send("cgloop.actions.v1", out, key="pass")
+                    producer.flush()
+                consumer.commit(item[2])
+            consumer.close()
+
+        lat_engine = measure(engine_worker, "engine")
+        lat_pass = measure(passthrough_worker, "passthrough")
+        print(f"engine (decisions with an action record): {dist(lat_engine)}")
+        print(f"pass-through baseline (every detection):  {dist(lat_pass)}")
+        print(
+            f"  ratio engine/pass-through: p50 {pct(lat_engine, 0.5) / pct(lat_pass, 0.5):.2f}x, "
+            f"p99 {pct(lat_engine, 0.99) / pct(lat_pass, 0.99):.2f}x"
+        )
+    finally:
+        stack.down()
+
+
+def main() -> None:
+    which = sys.argv[1:] or ["planners", "decide", "kafka"]
+    if "planners" in which:
+        bench_planners()
+    if "decide" in which:
+        bench_decide()
+    if "kafka" in which:
+        bench_kafka()
+
+
+if __name__ == "__main__":
+    main()
