@@ -18,7 +18,9 @@ command -v cargo-fuzz >/dev/null || die "cargo-fuzz is not installed (run script
 # toolchain when rustup has one; otherwise the stable compiler with RUSTC_BOOTSTRAP=1, which
 # accepts the same flags (checked on rustc 1.95 with its bundled ASan runtime).
 toolchain=()
-if command -v rustup >/dev/null && rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+# INT_FUZZ_TOOLCHAIN=stable forces the stable path (to check it on a machine that has nightly).
+if [[ "${INT_FUZZ_TOOLCHAIN:-}" != stable ]] && command -v rustup >/dev/null &&
+  rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   toolchain=(+nightly)
   echo "int-collector fuzz: using the nightly toolchain"
 else

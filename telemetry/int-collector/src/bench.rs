@@ -95,6 +95,10 @@ fn memory(pool: &[Vec<u8>], seconds: f64) -> serde_json::Value {
         let _ = parse_packet(p, &detect, &mut |r| {
             if let Ok(r) = r {
                 n += 1;
+                // Decode the stack too, as the collector does.
+                for h in r.inner.int.iter().flat_map(|i| i.hops()) {
+                    std::hint::black_box(&h);
+                }
                 std::hint::black_box(&r);
             }
         });

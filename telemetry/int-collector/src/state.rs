@@ -26,7 +26,7 @@ use rustc_hash::FxHashMap;
 pub const MAX_HOPS: usize = 16;
 
 /// Thresholds of the event rules (CLI flags of `cgloop-int-collector run`).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct EventConfig {
     pub latency_quantum_ns: u32,
     pub latency_abs_ns: u32,
@@ -125,7 +125,9 @@ pub struct State {
     source_id: String,
     sequence: u64,
     flows: FxHashMap<FlowKey, FlowState>,
+    /// Queues currently congested (only those are kept).
     queues: FxHashMap<QueueKey, bool>,
+    congested_queues: usize,
     drops: FxHashMap<DropKey, DropState>,
     pub counters: Counters,
 }
@@ -153,6 +155,7 @@ impl State {
             sequence: 0,
             flows: FxHashMap::default(),
             queues: FxHashMap::default(),
+            congested_queues: 0,
             drops: FxHashMap::default(),
             counters: Counters::default(),
         }
@@ -179,32 +182,27 @@ impl State {
         // Hops in path order (source first): the embedded INT-MD stack (newest first on the
         // wire, INT v2.1 §5.7), then the reporting node's own metadata unless it is already the
         // top of the stack (sink option 1 vs 2 of INT v2.1 §5.7).
-        let mut hops = [HopMetadata::default(); MAX_HOPS];
-        let mut n = 0;
+        // Stack hops are written backwards from the end of `buf` (so path order needs no second
+        // pass), the reporter's own metadata goes into the last slot.
+        let mut buf = [HopMetadata::default(); MAX_HOPS + 1];
+        let mut start = MAX_HOPS;
         let mut stacked = false;
         if let Some(int) = &r.inner.int {
-            let mut tmp = [HopMetadata::default(); MAX_HOPS];
-            let mut m = 0;
-            for (md, _ds) in int.hops().flatten() {
-                if m < MAX_HOPS {
-                    tmp[m] = md;
-                    m += 1;
-                }
+            for (md, _ds) in int.hops().flatten().take(MAX_HOPS) {
+                start -= 1;
+                buf[start] = md;
             }
-            stacked = m > 0;
-            for i in 0..m {
-                hops[i] = tmp[m - 1 - i];
-            }
-            n = m;
+            stacked = start < MAX_HOPS;
         }
+        let mut end = MAX_HOPS;
         if let Some(local) = r.local {
-            let dup = n > 0 && hops[n - 1].node_id == local.node_id;
-            if !dup && n < MAX_HOPS {
-                hops[n] = local;
-                n += 1;
+            let dup = stacked && buf[MAX_HOPS - 1].node_id == local.node_id;
+            if !dup {
+                buf[MAX_HOPS] = local;
+                end += 1;
             }
         }
-        let hops = &hops[..n];
+        let hops = &buf[start..end];
         self.queue_events(r, hops, now_ns, out);
         let Some(flow) = r.inner.flow else { return };
         if r.dropped {
@@ -226,16 +224,26 @@ impl State {
             if occ.is_none() && !q_flag {
                 continue;
             }
+            let occ_v = occ.unwrap_or(0);
+            // Steady state: nothing congested anywhere and this queue below the threshold.
+            if self.congested_queues == 0 && !q_flag && occ_v < self.cfg.congestion_on_cells {
+                continue;
+            }
             let key = QueueKey { switch, port: h.l1_egress_port.unwrap_or(0), queue: h.queue_id.unwrap_or(0) };
             let was = self.queues.get(&key).copied().unwrap_or(false);
-            let occ_v = occ.unwrap_or(0);
             let now_congested = if was {
                 q_flag || occ_v >= self.cfg.congestion_off_cells
             } else {
                 q_flag || occ_v >= self.cfg.congestion_on_cells
             };
             if now_congested != was {
-                self.queues.insert(key, now_congested);
+                if now_congested {
+                    self.queues.insert(key, true);
+                    self.congested_queues += 1;
+                } else {
+                    self.queues.remove(&key);
+                    self.congested_queues -= 1;
+                }
                 let rec = IntQueueRecord {
                     header: self.header(now),
                     switch_id: switch,
@@ -247,8 +255,6 @@ impl State {
                     egress_tx_utilization: self.tx_util(h),
                 };
                 out.push(IntRecord { record: Some(int_record::Record::Queue(rec)) });
-            } else if !was && !self.queues.contains_key(&key) {
-                self.queues.insert(key, false);
             }
         }
     }
@@ -283,7 +289,7 @@ impl State {
     }
 
     fn flow_events(&mut self, r: &Report<'_>, key: FlowKey, hops: &[HopMetadata], stacked: bool, now: u64, out: &mut Vec<IntRecord>) {
-        let cfg = self.cfg.clone();
+        let cfg = self.cfg;
         let mut reason = None;
         let fs = match self.flows.get_mut(&key) {
             Some(fs) => fs,
@@ -338,8 +344,16 @@ impl State {
         // Hop values: update, and compare quantised values with the exported baseline.
         let lq = cfg.latency_quantum_ns;
         let qq = cfg.queue_quantum_cells;
-        for h in hops {
-            let Some(i) = fs.path[..fs.len].iter().position(|p| Some(*p) == h.node_id) else { continue };
+        for (j, h) in hops.iter().enumerate() {
+            // A stack is the path itself; a per-hop report is found by its switch id.
+            let i = if stacked {
+                j
+            } else {
+                match fs.path[..fs.len].iter().position(|p| Some(*p) == h.node_id) {
+                    Some(i) => i,
+                    None => continue,
+                }
+            };
             let st = &mut fs.hops[i];
             st.md = *h;
             if reason.is_some() {
