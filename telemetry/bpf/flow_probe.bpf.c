@@ -76,13 +76,22 @@ struct {
 	__type(value, __u32);
 } if_fn SEC(".maps");
 
-/* Per-interface counters, same layout as fn_stats. Writers: both programs. Readers: the
- * exporter's metrics and anyone through the pin if_stats. */
+/* Per-interface counters (fn_stats layout) and the interface's function index, so a packet
+ * costs one hash lookup here instead of two (if_fn, then counters). Writers: the exporter
+ * creates an entry per observed interface with its function; both programs count into it (and
+ * create entries for other interfaces from if_fn). Readers: the exporter's metrics, anyone
+ * through the pin if_stats. */
+struct if_state {
+	struct cgloop_fn_stats stats;
+	__u32 fn;
+	__u32 pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 1024);
 	__type(key, __u32);
-	__type(value, struct cgloop_fn_stats);
+	__type(value, struct if_state);
 } if_stats SEC(".maps");
 
 struct pkt {
@@ -103,42 +112,43 @@ static __always_inline void stat_inc(__u32 idx)
 		*v += 1;	/* per-CPU slot: no atomics needed */
 }
 
+static __always_inline void count(struct cgloop_fn_stats *s, const struct pkt *p)
+{
+	if (p->direction == CGLOOP_DIR_INGRESS) {
+		s->rx_packets++;
+		s->rx_bytes += p->wire_len;
+		s->rx_last_ns = p->now;
+	} else {
+		s->tx_packets++;
+		s->tx_bytes += p->wire_len;
+		s->tx_last_ns = p->now;
+	}
+}
+
 static __always_inline void count_interface(const struct pkt *p)
 {
-	struct cgloop_fn_stats zero = {}, *s;
-	__u32 fn = 0, *fnp;
+	struct cgloop_fn_stats *fs;
+	struct if_state *is;
+	__u32 fn = 0;
 
-	fnp = bpf_map_lookup_elem(&if_fn, &p->ifindex);
-	if (fnp && *fnp < CGLOOP_MAX_FUNCTIONS)
-		fn = *fnp;
-	s = bpf_map_lookup_elem(&if_stats, &p->ifindex);
-	if (!s) {
-		bpf_map_update_elem(&if_stats, &p->ifindex, &zero, BPF_NOEXIST);
-		s = bpf_map_lookup_elem(&if_stats, &p->ifindex);
+	is = bpf_map_lookup_elem(&if_stats, &p->ifindex);
+	if (!is) {
+		/* An interface the exporter did not set up: look its function up once. */
+		struct if_state init = {};
+		__u32 *fnp = bpf_map_lookup_elem(&if_fn, &p->ifindex);
+
+		if (fnp && *fnp < CGLOOP_MAX_FUNCTIONS)
+			init.fn = *fnp;
+		bpf_map_update_elem(&if_stats, &p->ifindex, &init, BPF_NOEXIST);
+		is = bpf_map_lookup_elem(&if_stats, &p->ifindex);
 	}
-	if (s) {
-		if (p->direction == CGLOOP_DIR_INGRESS) {
-			s->rx_packets++;
-			s->rx_bytes += p->wire_len;
-			s->rx_last_ns = p->now;
-		} else {
-			s->tx_packets++;
-			s->tx_bytes += p->wire_len;
-			s->tx_last_ns = p->now;
-		}
+	if (is) {
+		count(&is->stats, p);
+		fn = is->fn < CGLOOP_MAX_FUNCTIONS ? is->fn : 0;
 	}
-	s = bpf_map_lookup_elem(&fn_stats, &fn);
-	if (s) {
-		if (p->direction == CGLOOP_DIR_INGRESS) {
-			s->rx_packets++;
-			s->rx_bytes += p->wire_len;
-			s->rx_last_ns = p->now;
-		} else {
-			s->tx_packets++;
-			s->tx_bytes += p->wire_len;
-			s->tx_last_ns = p->now;
-		}
-	}
+	fs = bpf_map_lookup_elem(&fn_stats, &fn);
+	if (fs)
+		count(fs, p);
 }
 
 /* Index of the highest set bit (0 for 0 and 1), without loops. */
@@ -314,10 +324,10 @@ __noinline int cgloop_account(const struct pkt_info *pi)
 			v->size_min = l3_len;
 		}
 	}
-	/* Counters a concurrent CPU could also bump (multi-queue egress) use atomics; the rest is
-	 * last-writer-wins, as a flow's packets on one queue are serialised by NAPI. */
-	__sync_fetch_and_add(&v->packets, 1);
-	__sync_fetch_and_add(&v->bytes, l3_len);
+	/* No atomics (they cost more than the rest of the update here): a flow's packets on one
+	 * receive queue are serialised by NAPI; two CPUs sending one flow at once may lose counts. */
+	v->packets++;
+	v->bytes += l3_len;
 	v->size_sum += l3_len;
 	v->size_sum_sq += (__u64)l3_len * l3_len;
 	v->ecn[tos & 3]++;
@@ -359,7 +369,6 @@ __noinline int cgloop_account(const struct pkt_info *pi)
 
 	if (pi->has_rtp)
 		cgloop_rtp_update(&v->rtp, pi);
-	stat_inc(CGLOOP_STAT_ACCOUNTED);
 	return 0;
 }
 
@@ -375,7 +384,7 @@ static __always_inline void handle(struct pkt *p)
 	__u16 proto;
 	__u8 tos, l4, tcp_flags = 0;
 
-	stat_inc(CGLOOP_STAT_PACKETS);
+	/* Packets seen and accounted are derived by the exporter (if_stats minus failures). */
 	count_interface(p);
 
 	if ((void *)(eth + 1) > data_end) {

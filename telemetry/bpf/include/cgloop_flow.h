@@ -22,8 +22,8 @@ enum cgloop_direction {
 
 /* Indexes of the per-CPU probe_stats array: packet fates and parse failures by reason. */
 enum cgloop_stat {
-	CGLOOP_STAT_PACKETS = 0,	/* every packet the programs saw */
-	CGLOOP_STAT_ACCOUNTED,		/* packets added to a flow */
+	CGLOOP_STAT_PACKETS = 0,	/* every packet seen: filled by the exporter from if_stats */
+	CGLOOP_STAT_ACCOUNTED,		/* packets added to a flow: derived by the exporter */
 	CGLOOP_STAT_NON_IP,		/* not IPv4/IPv6 (ARP, LLDP ...): not a failure */
 	CGLOOP_STAT_FLOWS_CREATED,	/* new flow-table entries */
 	CGLOOP_STAT_MAP_UPDATE_FAILED,	/* bpf_map_update_elem refused a new flow */

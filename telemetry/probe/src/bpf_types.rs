@@ -68,5 +68,6 @@ pub const STAT_NAMES: [&str; 22] = [
 pub const FIRST_ERROR_STAT: usize = 6;
 pub const STAT_PACKETS: usize = 0;
 pub const STAT_ACCOUNTED: usize = 1;
+pub const STAT_NON_IP: usize = 2;
 pub const STAT_FLOWS_CREATED: usize = 3;
 pub const STAT_RTP_CONFIRMED: usize = 5;

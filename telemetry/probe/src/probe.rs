@@ -14,7 +14,10 @@ use clap::Args;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, TcHookBuilder, Xdp, XdpFlags, TC_EGRESS};
 
-use crate::bpf_types::{key_from, value_from, FlowKey, FlowValue, KEY_SIZE, STAT_FLOWS_CREATED, STAT_NAMES};
+use crate::bpf_types::{
+    key_from, value_from, FlowKey, FlowValue, FIRST_ERROR_STAT, KEY_SIZE, STAT_ACCOUNTED,
+    STAT_FLOWS_CREATED, STAT_NAMES, STAT_NON_IP, STAT_PACKETS,
+};
 use crate::metrics::Metrics;
 use crate::skel::{FlowProbeSkel, FlowProbeSkelBuilder};
 use crate::sweep::Sweeper;
@@ -188,17 +191,34 @@ fn parse_functions(specs: &[String], ifaces: &[(String, u32)]) -> Result<Vec<(u3
     Ok(out)
 }
 
+/// Size of `struct if_state` and the offset of its function index (after six __u64 counters).
+const IF_STATE_SIZE: usize = 56;
+const IF_STATE_FN: usize = 48;
+const _: () = assert!(std::mem::size_of::<crate::skel::types::if_state>() == IF_STATE_SIZE);
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8).map_or(0, |s| u64::from_ne_bytes(s.try_into().unwrap_or([0; 8])))
+}
+
+/// probe_stats summed over CPUs; packets seen come from if_stats (rx + tx of every interface)
+/// and accounted = seen - not IP - parse failures (the programs skip those two counters).
 fn sum_stats(skel: &FlowProbeSkel<'_>) -> [u64; STAT_NAMES.len()] {
     let mut out = [0u64; STAT_NAMES.len()];
     for (i, slot) in out.iter_mut().enumerate() {
         let key = (i as u32).to_ne_bytes();
         if let Ok(Some(per_cpu)) = skel.maps.probe_stats.lookup_percpu(&key, MapFlags::ANY) {
-            *slot = per_cpu
-                .iter()
-                .filter_map(|v| v.get(..8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))))
-                .sum();
+            *slot = per_cpu.iter().map(|v| le_u64(v, 0)).sum();
         }
     }
+    let mut seen = 0u64;
+    for key in skel.maps.if_stats.keys() {
+        if let Ok(Some(per_cpu)) = skel.maps.if_stats.lookup_percpu(&key, MapFlags::ANY) {
+            seen += per_cpu.iter().map(|v| le_u64(v, 0) + le_u64(v, 16)).sum::<u64>();
+        }
+    }
+    let skipped: u64 = out[FIRST_ERROR_STAT..].iter().sum::<u64>() + out[STAT_NON_IP];
+    out[STAT_PACKETS] = seen;
+    out[STAT_ACCOUNTED] = seen.saturating_sub(skipped);
     out
 }
 
@@ -248,6 +268,17 @@ pub fn run(args: RunArgs) -> Result<()> {
             .if_fn
             .update(&ifindex.to_ne_bytes(), &fn_idx.to_ne_bytes(), MapFlags::ANY)
             .context("filling if_fn")?;
+    }
+    // Per-interface state carries the function index, so the programs need one lookup.
+    let cpus = libbpf_rs::num_possible_cpus().context("counting CPUs")?;
+    for (_, ifindex) in &ifaces {
+        let fn_idx = functions.iter().find(|(i, _)| i == ifindex).map_or(0, |(_, f)| *f);
+        let mut value = vec![0u8; IF_STATE_SIZE];
+        value[IF_STATE_FN..IF_STATE_FN + 4].copy_from_slice(&fn_idx.to_ne_bytes());
+        skel.maps
+            .if_stats
+            .update_percpu(&ifindex.to_ne_bytes(), &vec![value; cpus], MapFlags::ANY)
+            .context("filling if_stats")?;
     }
 
     // SAFETY of 'static: the programs outlive `att`, which is dropped before `skel` below.
