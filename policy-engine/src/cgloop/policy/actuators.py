@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
+from cgloop.policy.detections import addr_text
 from cgloop.policy.planners import calvin, power
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import node_agent_pb2 as na
@@ -325,41 +326,111 @@ class NodeAgentActuator:
 class OnosActuator:
     """Global switch operations through the ONOS driver of the actuators component.
 
-    The driver lives in `cgloop.actuators.onos`; until it is installed every ONOS action fails
-    with a message saying so (the loop records it; nothing is half-applied).
+    `onos_flow_rule` becomes a FlowRule (`cgloop.actuators.onos`, validated there against
+    ONOS's REST definitions) matching the action's five-tuple on `target.device_id`, with a
+    QUEUE (`queue_id`) or OUTPUT (`output_port`) treatment; its rollback removes the rule.
+    The driver has no queue-configuration call (ONOS's REST API has none either), so
+    `onos_queue` fails with a message saying so. Without the driver installed, every ONOS
+    action fails with a message naming what is missing; nothing is half-applied.
     """
 
-    def __init__(self, driver: object | None = None) -> None:
-        self.driver = driver
-        if driver is None:
-            try:
-                self.driver = importlib.import_module("cgloop.actuators.onos")
-            except ImportError:
-                self.driver = None
+    def __init__(self, client: object | None = None) -> None:
+        self._client = client
 
-    def _require(self, name: str):
-        fn = getattr(self.driver, name, None) if self.driver is not None else None
-        if fn is None:
+    def _onos(self):
+        try:
+            return importlib.import_module("cgloop.actuators.onos")
+        except ImportError:
             raise ActuatorError(
-                f"ONOS driver (cgloop.actuators.onos.{name}) is not available in this install"
+                "the ONOS driver (cgloop.actuators.onos) is not installed"
+            ) from None
+
+    def client(self):
+        if self._client is None:
+            self._client = self._onos().OnosClient()
+        return self._client
+
+    def flow_rule(self, action: apb.Action):
+        onos = self._onos()
+        ft = action.target.flow
+        params = dict(action.parameters)
+        if not action.target.device_id:
+            raise ActuatorError("onos_flow_rule needs target.device_id (e.g. of:0000000000000001)")
+        criteria: list[object] = [onos.EthTypeCriterion(ethType=0x0800)]
+        if ft.src_addr:
+            criteria.append(onos.Ipv4SrcCriterion(ip=f"{addr_text(ft.src_addr)}/32"))
+        if ft.dst_addr:
+            criteria.append(onos.Ipv4DstCriterion(ip=f"{addr_text(ft.dst_addr)}/32"))
+        if ft.ip_protocol:
+            criteria.append(onos.IpProtoCriterion(protocol=ft.ip_protocol))
+        if ft.ip_protocol == 17:
+            criteria += [
+                onos.UdpSrcCriterion(udpPort=ft.src_port),
+                onos.UdpDstCriterion(udpPort=ft.dst_port),
+            ]
+        elif ft.ip_protocol == 6:
+            criteria += [
+                onos.TcpSrcCriterion(tcpPort=ft.src_port),
+                onos.TcpDstCriterion(tcpPort=ft.dst_port),
+            ]
+        instructions: list[object] = []
+        if "queue_id" in params:
+            instructions.append(
+                onos.QueueInstruction(
+                    queueId=_int(params, "queue_id"), port=params.get("output_port")
+                )
             )
-        return fn
+        elif "output_port" in params:
+            instructions.append(onos.OutputInstruction(port=params["output_port"]))
+        timeout = _int(params, "timeout_s", 0)
+        try:
+            return onos.FlowRule(
+                priority=_int(params, "priority"),
+                deviceId=action.target.device_id,
+                timeout=timeout,
+                isPermanent=timeout == 0,
+                appId=params.get("app_id"),
+                selector=onos.Selector(criteria=criteria),
+                treatment=onos.Treatment(instructions=instructions),
+            )
+        except ValueError as exc:  # pydantic's validation of ONOS's codec rules
+            raise ActuatorError(f"ONOS flow rule refused by the driver's checks: {exc}") from None
 
     def apply(self, action: apb.Action) -> Applied:
-        op = action.operation
-        name = "apply_flow_rule" if op == OP.ACTION_OPERATION_ONOS_FLOW_RULE else "apply_queue"
+        if action.operation != OP.ACTION_OPERATION_ONOS_FLOW_RULE:
+            raise ActuatorError(
+                "onos_queue: the ONOS driver has no queue-configuration call; configure switch "
+                "queues out of band and steer flows into them with onos_flow_rule (queue_id)"
+            )
+        rule = self.flow_rule(action)
         start = time.monotonic_ns()
-        result = self._require(name)(action)
+        if action.dry_run:
+            return Applied(time.time_ns(), 0, {}, changed=False, message="dry run: rule validated")
+        try:
+            ref = self.client().install_flow(rule)
+        except Exception as exc:  # the driver's OnosError family; never crash the loop
+            raise ActuatorError(f"ONOS install_flow on {action.target.device_id}: {exc}") from None
         return Applied(
-            time.time_ns(), time.monotonic_ns() - start, dict(getattr(result, "previous", {}))
+            time.time_ns(),
+            time.monotonic_ns() - start,
+            {"device_id": ref.device_id, "flow_id": str(ref.flow_id)},
+            message=f"flow {ref.flow_id} on {ref.device_id}",
         )
 
     def rollback(
         self, action: apb.Action, rollback_id: str, previous: Mapping[str, str]
     ) -> Applied:
         start = time.monotonic_ns()
-        self._require("rollback")(action, rollback_id, dict(previous))
-        return Applied(time.time_ns(), time.monotonic_ns() - start)
+        onos = self._onos()
+        try:
+            self.client().remove_flow(
+                onos.FlowRef(device_id=previous["device_id"], flow_id=previous["flow_id"])
+            )
+        except KeyError as exc:
+            raise ActuatorError(f"cannot roll back: no {exc} in previous parameters") from None
+        except Exception as exc:
+            raise ActuatorError(f"ONOS remove_flow: {exc}") from None
+        return Applied(time.time_ns(), time.monotonic_ns() - start, {}, message="flow removed")
 
 
 class Router:
