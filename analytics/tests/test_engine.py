@@ -1,0 +1,67 @@
+"""The engine: classification → SLO watch, bounded state, telemetry gaps, odd records."""
+
+from __future__ import annotations
+
+from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
+from cgloop.analytics.records import NS
+from cgloop.analytics.synthetic import Degradation, gaming_records
+from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
+from cgloop.v1.detection_pb2 import DetectionKind as K
+from cgloop.v1.flow_pb2 import FlowRecord
+
+
+def test_gaming_flow_classified_fast_then_slo_watched(small_model):
+    model, card = small_model
+    eng = AnalyticsEngine(model, card.version)
+    recs = gaming_records("gfn", 25, seed=11, degradations=(Degradation(12, 20, loss=0.2),))
+    t0 = recs[0].interval_start_ns
+    out = [(r.interval_end_ns, d) for r in recs for d in eng.on_flows([r])]
+    cls = [(t, d) for t, d in out if d.kind == K.DETECTION_KIND_GAMING_FLOW_CLASSIFIED]
+    assert len(cls) == 1
+    t, d = cls[0]
+    assert (t - t0) / NS <= 1.5  # decided within ~1 s of flow start
+    assert d.labels["class"] == "cloud_gaming" and d.labels["platform"] == "gfn"
+    assert d.model_version == card.version
+    loss = [d for _, d in out if d.kind == K.DETECTION_KIND_SLO_LOSS]
+    assert len(loss) == 1 and 12 <= (loss[0].window_start_ns - t0) / NS <= 14
+
+
+def _rec(i: int, t_ns: int, seq: int) -> FlowRecord:
+    return FlowRecord(
+        header=RecordHeader(schema_version=1, source_id="probe-x", sequence=seq),
+        five_tuple=FiveTuple(src_addr=bytes([10, 0, i >> 8 & 255, i & 255]),
+                             dst_addr=b"\x0a\x09\x09\x09", src_port=1000 + i, dst_port=443,
+                             ip_protocol=6),
+        interval_start_ns=t_ns, interval_end_ns=t_ns + NS // 10, packets=3, bytes=300,
+    )
+
+
+def test_state_is_bounded_and_idle_flows_are_evicted(small_model):
+    model, _ = small_model
+    eng = AnalyticsEngine(model, config=EngineConfig(max_flows=50, idle_s=5))
+    for i in range(500):
+        eng.on_flows([_rec(i, 100 * NS + i * NS // 100, i + 1)])
+    assert len(eng.convs) == 50
+    assert eng.state_size()["records"] <= 50 * 60
+    eng.on_flows([_rec(9999, 200 * NS, 501)])  # event time moves 100 s on
+    eng.evict()
+    assert len(eng.convs) == 1
+    assert len(eng.l4s.flows) == 1
+
+
+def test_sequence_gap_is_a_telemetry_gap_detection():
+    eng = AnalyticsEngine(None)
+    assert eng.on_flows([_rec(1, NS, 1), _rec(1, 2 * NS, 2)]) == []
+    out = eng.on_flows([_rec(1, 3 * NS, 7)])
+    assert [d.kind for d in out] == [K.DETECTION_KIND_TELEMETRY_GAP]
+    assert out[0].evidence[0].value == 4 and out[0].node_id == "probe-x"
+
+
+def test_odd_records_do_not_crash(small_model):
+    model, _ = small_model
+    eng = AnalyticsEngine(model)
+    odd = [FlowRecord(), FlowRecord(interval_start_ns=5, interval_end_ns=5),
+           FlowRecord(five_tuple=FiveTuple(src_addr=b"\x01"), packets=0, bytes=10**12,
+                      interval_end_ns=NS)]
+    for _ in range(20):
+        eng.on_flows(odd)
