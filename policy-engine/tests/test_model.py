@@ -101,7 +101,7 @@ def test_shipped_policies_load_and_cover_both_levels() -> None:
         model.Operation.SET_CLASS_RATE,
         model.Operation.SET_CHAIN,
         model.Operation.SET_POWER_POLICY,
-        model.Operation.ONOS_QUEUE,
+        model.Operation.ONOS_FLOW_RULE,
         model.Operation.NOTIFY,
     }
 

@@ -50,9 +50,11 @@ def test_flow_rule_round_trip_through_the_driver() -> None:
 
 def test_bad_requests_fail_with_reasons() -> None:
     act = OnosActuator(
-        onos.OnosClient(transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+        onos.OnosClient(
+            transport=httpx.MockTransport(lambda r: httpx.Response(500)), sleep=lambda s: None
+        )
     )
-    with pytest.raises(ActuatorError, match="needs target.device_id"):
+    with pytest.raises(ActuatorError, match=r"needs target\.device_id"):
         a = action()
         a.target.device_id = ""
         act.apply(a)
