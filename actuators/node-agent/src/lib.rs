@@ -2,3 +2,16 @@
 //!
 //! Modules are named after what they do; `power` is the cpufreq backend and the X-MAN micro loop.
 pub mod power;
+
+pub mod agent;
+pub mod chains;
+pub mod config;
+pub mod datapath;
+pub mod error;
+pub mod journal;
+pub mod power_glue;
+pub mod probes;
+pub mod queues;
+pub mod service;
+pub mod tc;
+pub mod tls;

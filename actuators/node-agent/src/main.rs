@@ -1,4 +1,131 @@
 //! Node agent: gRPC service applying queues, P-states, chains and probes on one node.
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("cgloop-node-agent: not built yet")
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use cgloop_node_agent::agent::Agent;
+use cgloop_node_agent::config::Config;
+use cgloop_node_agent::power_glue::Power;
+use cgloop_node_agent::probes::{self, Probes};
+use cgloop_node_agent::service::Service;
+use cgloop_node_agent::tls;
+use cgloop_proto::v1::node_agent_service_server::NodeAgentServiceServer;
+use clap::{Parser, Subcommand};
+use tonic::transport::Server;
+
+#[derive(Parser)]
+#[command(name = "cgloop-node-agent", version, about = "cgloop node agent (gRPC, mutual TLS)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the NodeAgentService (mutual TLS only).
+    Serve {
+        /// TOML configuration (bounds, journal, power); defaults apply without it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:7443")]
+        listen: SocketAddr,
+        /// Directory with ca.pem, server.pem and server.key (see `certs`).
+        #[arg(long)]
+        tls_dir: PathBuf,
+        /// Overrides the configuration's journal path.
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// Overrides the configuration's node id.
+        #[arg(long)]
+        node_id: Option<String>,
+        /// Validate and report every request without touching the kernel.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Generate lab certificates: a CA (reused if present), a server and a client certificate.
+    Certs {
+        #[arg(long)]
+        out: PathBuf,
+        /// DNS names or IP addresses of the agent (the first is the common name).
+        #[arg(long = "server-name", default_values = ["localhost", "127.0.0.1"])]
+        server_names: Vec<String>,
+        #[arg(long, default_value = "policy-engine")]
+        client_name: String,
+    },
+    /// Echo UDP probes back to their sender (the far end of active probes).
+    Reflect {
+        #[arg(long, default_value = "0.0.0.0:7799")]
+        listen: SocketAddr,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    match Cli::parse().command {
+        Command::Certs { out, server_names, client_name } => {
+            tls::generate(&out, &server_names, &client_name)?;
+            println!("lab certificates written to {}", out.display());
+            Ok(())
+        }
+        Command::Reflect { listen } => {
+            println!("reflecting UDP probes on {listen}");
+            probes::reflect(listen, Arc::new(AtomicBool::new(false)))
+                .with_context(|| format!("reflector on {listen}"))
+        }
+        Command::Serve { config, listen, tls_dir, journal, node_id, dry_run } => {
+            let mut config = match config {
+                Some(p) => Config::load(&p)?,
+                None => Config::default(),
+            };
+            if let Some(j) = journal {
+                config.journal_path = j;
+            }
+            if let Some(n) = node_id {
+                config.node_id = n;
+            }
+            config.dry_run |= dry_run;
+            serve(config, listen, tls_dir)
+        }
+    }
+}
+
+fn serve(config: Config, listen: SocketAddr, tls_dir: PathBuf) -> Result<()> {
+    let tls = tls::server_config(&tls_dir)?;
+    let power = Power::start(&config.power);
+    let probes = Probes::new(config.node_id.clone(), None);
+    let (agent, warnings) = Agent::start(config, power, probes)?;
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    let agent = Arc::new(agent);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let local = listener.local_addr()?;
+        // Tests and scripts wait for this line.
+        println!("cgloop-node-agent listening on {local} (mTLS)");
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        Server::builder()
+            .tls_config(tls)?
+            .add_service(NodeAgentServiceServer::new(Service::new(agent)))
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+            .await
+            .context("serving gRPC")
+    })
 }

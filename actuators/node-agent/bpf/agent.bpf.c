@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * cgloop node agent datapath (tc egress, clsact, cls_bpf direct-action).
+ *
+ *   cgl_classify   flow -> HTB class (skb->priority, which HTB consults before its own filters),
+ *                  optional DSCP rewrite, lab impairment (drop a fraction of a flow), then the
+ *                  class's service chain through tail calls.
+ *   cgl_fn_*       header-only ("basic", CALVIN) chain functions: forward, ACL, DSCP/ECN marker,
+ *                  token bucket, mirror. Each runs its step of the chain and tail-calls the next.
+ *
+ * The user-space agent (src/datapath.rs) is the only writer of the configuration maps; the
+ * programs only read them, except the per-function counters and token-bucket state.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "agent.h"
+
+#define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define IPPROTO_TCP_ 6
+#define IPPROTO_UDP_ 17
+#define ETH_HLEN_ 14
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Flow -> class rule. Written by the agent (SetFlowClass), read by cgl_classify. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_FLOWS);
+	__type(key, struct cgl_flow_key);
+	__type(value, struct cgl_flow_rule);
+} flow_class SEC(".maps");
+
+/* (ifindex, DSCP) -> class for packets no flow rule matched. Agent writes, classifier reads. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_DSCP_RULES);
+	__type(key, struct cgl_dscp_key);
+	__type(value, struct cgl_flow_rule);
+} dscp_class SEC(".maps");
+
+/* Flow -> drop threshold (lab impairment, SetImpairment). Agent writes, classifier reads. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_FLOWS);
+	__type(key, struct cgl_flow_key);
+	__type(value, struct cgl_impairment);
+} flow_drop SEC(".maps");
+
+/* ifindex -> default HTB class, so unmatched traffic still finds its class's chain.
+ * Agent writes on ApplyQueueHierarchy, classifier reads. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_IFACES);
+	__type(key, __u32);
+	__type(value, __u32);
+} if_default SEC(".maps");
+
+/* (ifindex, class) -> chain slot. The agent writes a chain into the inactive slot of the pair
+ * and then flips this entry (one 4-byte store), so SetChain swaps a chain atomically. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_CHAINS);
+	__type(key, struct cgl_class_key);
+	__type(value, __u32);
+} class_chain SEC(".maps");
+
+/* Chain slot -> ordered functions and their parameters. Agent writes, functions read. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CGL_MAX_CHAIN_SLOTS);
+	__type(key, __u32);
+	__type(value, struct cgl_chain);
+} chains SEC(".maps");
+
+/* Function kind -> program, filled once by the agent at load time; tail-call targets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, CGL_FN_KINDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} fn_progs SEC(".maps");
+
+/* Per (slot, position) counters. Functions write, the agent reads for GetState. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CGL_MAX_CHAIN_SLOTS * CGL_MAX_CHAIN_FNS);
+	__type(key, __u32);
+	__type(value, struct cgl_fn_counters);
+} fn_counters SEC(".maps");
+
+/* Per (slot, position) token-bucket state. cgl_fn_rate writes; the agent resets it on SetChain. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CGL_MAX_CHAIN_SLOTS * CGL_MAX_CHAIN_FNS);
+	__type(key, __u32);
+	__type(value, struct cgl_bucket);
+} buckets SEC(".maps");
+
+/* Per-class counters seen by the classifier (packets steered by a flow or DSCP rule).
+ * Classifier writes, agent reads. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, CGL_MAX_FLOWS);
+	__type(key, struct cgl_flow_key);
+	__type(value, struct cgl_flow_counters);
+} flow_counters SEC(".maps");
+
+struct parsed {
+	struct cgl_flow_key key;
+	__u32 l3_off;
+	__u8 tos; /* IPv4 TOS or IPv6 traffic class */
+	__u8 ipv6;
+};
+
+/* Parses Ethernet + IPv4/IPv6 + TCP/UDP ports. Returns 0 on success. */
+static __always_inline int parse(struct __sk_buff *skb, struct parsed *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u8 proto;
+	void *l4;
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	__builtin_memset(&p->key, 0, sizeof(p->key));
+	p->key.ifindex = skb->ifindex;
+	p->l3_off = ETH_HLEN_;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		if (ip->ihl < 5)
+			return -1;
+		p->key.family = 4;
+		__builtin_memcpy(p->key.src, &ip->saddr, 4);
+		__builtin_memcpy(p->key.dst, &ip->daddr, 4);
+		proto = ip->protocol;
+		p->tos = ip->tos;
+		p->ipv6 = 0;
+		/* Fragments after the first carry no ports: classify them by addresses only. */
+		if (ip->frag_off & bpf_htons(0x1fff)) {
+			p->key.proto = proto;
+			return 0;
+		}
+		l4 = (void *)ip + ip->ihl * 4;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		p->key.family = 6;
+		__builtin_memcpy(p->key.src, &ip6->saddr, 16);
+		__builtin_memcpy(p->key.dst, &ip6->daddr, 16);
+		proto = ip6->nexthdr; /* extension headers are not walked: such flows match by addresses */
+		p->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+		p->ipv6 = 1;
+		l4 = ip6 + 1;
+	} else {
+		return -1;
+	}
+	p->key.proto = proto;
+	if (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) {
+		__be16 *ports = l4;
+
+		if ((void *)(ports + 2) > data_end)
+			return -1;
+		p->key.sport = bpf_ntohs(ports[0]);
+		p->key.dport = bpf_ntohs(ports[1]);
+	}
+	return 0;
+}
+
+/* Rewrites DSCP and/or ECN (0xff = keep). IPv4 fixes the header checksum. */
+static __always_inline int set_tos(struct __sk_buff *skb, __u32 dscp, __u32 ecn)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		__u8 old, new;
+
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		old = ip->tos;
+		new = old;
+		if (dscp != CGL_KEEP)
+			new = (new & 0x03) | ((dscp & 0x3f) << 2);
+		if (ecn != CGL_KEEP)
+			new = (new & 0xfc) | (ecn & 0x03);
+		if (new == old)
+			return 0;
+		/* The checksum covers 16-bit words: TOS is the low byte of the first one. */
+		bpf_l3_csum_replace(skb, ETH_HLEN_ + offsetof(struct iphdr, check), bpf_htons(old),
+				    bpf_htons(new), 2);
+		bpf_skb_store_bytes(skb, ETH_HLEN_ + offsetof(struct iphdr, tos), &new, 1, 0);
+		return 0;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		__u8 b0, b1, tc;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		b0 = *(__u8 *)ip6;
+		b1 = *((__u8 *)ip6 + 1);
+		tc = (b0 << 4) | (b1 >> 4);
+		if (dscp != CGL_KEEP)
+			tc = (tc & 0x03) | ((dscp & 0x3f) << 2);
+		if (ecn != CGL_KEEP)
+			tc = (tc & 0xfc) | (ecn & 0x03);
+		b0 = (b0 & 0xf0) | (tc >> 4);
+		b1 = (b1 & 0x0f) | (tc << 4);
+		bpf_skb_store_bytes(skb, ETH_HLEN_, &b0, 1, 0);
+		bpf_skb_store_bytes(skb, ETH_HLEN_ + 1, &b1, 1, 0);
+	}
+	return 0;
+}
+
+/* Runs the function at position cb[1] of chain slot cb[0], or ends the chain. */
+static __always_inline int next_fn(struct __sk_buff *skb)
+{
+	__u32 slot = skb->cb[0];
+	__u32 pos = skb->cb[1];
+	struct cgl_chain *chain = bpf_map_lookup_elem(&chains, &slot);
+
+	if (!chain || pos >= chain->len || pos >= CGL_MAX_CHAIN_FNS)
+		return TC_ACT_OK;
+	bpf_tail_call(skb, &fn_progs, chain->fns[pos].kind);
+	/* Missing program (should not happen: the agent fills fn_progs at load): fail open. */
+	return TC_ACT_OK;
+}
+
+/* Looks up this step's configuration and counts the packet. NULL ends the chain. */
+static __always_inline struct cgl_chain_fn *this_fn(struct __sk_buff *skb, __u32 *idx)
+{
+	__u32 slot = skb->cb[0];
+	__u32 pos = skb->cb[1];
+	struct cgl_chain *chain;
+	struct cgl_fn_counters *c;
+
+	if (slot >= CGL_MAX_CHAIN_SLOTS || pos >= CGL_MAX_CHAIN_FNS)
+		return NULL;
+	chain = bpf_map_lookup_elem(&chains, &slot);
+	if (!chain)
+		return NULL;
+	*idx = slot * CGL_MAX_CHAIN_FNS + pos;
+	c = bpf_map_lookup_elem(&fn_counters, idx);
+	if (c) {
+		c->packets++;
+		c->bytes += skb->len;
+	}
+	return &chain->fns[pos];
+}
+
+static __always_inline int drop_counted(__u32 idx)
+{
+	struct cgl_fn_counters *c = bpf_map_lookup_elem(&fn_counters, &idx);
+
+	if (c)
+		c->dropped++;
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int advance(struct __sk_buff *skb)
+{
+	skb->cb[1] = skb->cb[1] + 1;
+	return next_fn(skb);
+}
+
+SEC("tc")
+int cgl_classify(struct __sk_buff *skb)
+{
+	struct parsed p;
+	struct cgl_flow_rule *rule;
+	struct cgl_impairment *imp;
+	struct cgl_class_key ck = {};
+	__u32 *slot, *dflt;
+	__u32 classid = 0;
+
+	if (parse(skb, &p))
+		return TC_ACT_OK;
+
+	imp = bpf_map_lookup_elem(&flow_drop, &p.key);
+	if (imp) {
+		__sync_fetch_and_add(&imp->seen, 1);
+		if (imp->threshold && bpf_get_prandom_u32() < imp->threshold) {
+			__sync_fetch_and_add(&imp->dropped, 1);
+			return TC_ACT_SHOT;
+		}
+	}
+
+	rule = bpf_map_lookup_elem(&flow_class, &p.key);
+	if (!rule) {
+		struct cgl_dscp_key dk = { .ifindex = skb->ifindex, .dscp = p.tos >> 2 };
+
+		rule = bpf_map_lookup_elem(&dscp_class, &dk);
+	}
+	if (rule) {
+		struct cgl_flow_counters *fc;
+
+		classid = rule->classid;
+		skb->priority = classid;
+		if (rule->rewrite_dscp != CGL_KEEP)
+			set_tos(skb, rule->rewrite_dscp, CGL_KEEP);
+		fc = bpf_map_lookup_elem(&flow_counters, &p.key);
+		if (fc) {
+			fc->packets++;
+			fc->bytes += skb->len;
+		}
+	} else {
+		__u32 ifindex = skb->ifindex;
+
+		dflt = bpf_map_lookup_elem(&if_default, &ifindex);
+		if (!dflt)
+			return TC_ACT_OK;
+		classid = *dflt;
+	}
+
+	ck.ifindex = skb->ifindex;
+	ck.classid = classid;
+	slot = bpf_map_lookup_elem(&class_chain, &ck);
+	if (!slot)
+		return TC_ACT_OK;
+	skb->cb[0] = *slot;
+	skb->cb[1] = 0;
+	return next_fn(skb);
+}
+
+SEC("tc")
+int cgl_fn_forward(struct __sk_buff *skb)
+{
+	__u32 idx;
+
+	if (!this_fn(skb, &idx))
+		return TC_ACT_OK;
+	return advance(skb);
+}
+
+SEC("tc")
+int cgl_fn_acl(struct __sk_buff *skb)
+{
+	struct cgl_chain_fn *fn;
+	struct parsed p;
+	__u32 idx;
+
+	fn = this_fn(skb, &idx);
+	if (!fn)
+		return TC_ACT_OK;
+	if (parse(skb, &p))
+		return advance(skb);
+	/* a = protocol, b = destination port, c = source port; 0 is a wildcard. Deny on match. */
+	if ((!fn->a || fn->a == p.key.proto) && (!fn->b || fn->b == p.key.dport) &&
+	    (!fn->c || fn->c == p.key.sport))
+		return drop_counted(idx);
+	return advance(skb);
+}
+
+SEC("tc")
+int cgl_fn_mark(struct __sk_buff *skb)
+{
+	struct cgl_chain_fn *fn;
+	__u32 idx;
+
+	fn = this_fn(skb, &idx);
+	if (!fn)
+		return TC_ACT_OK;
+	/* a = DSCP, b = ECN codepoint; CGL_KEEP leaves the field. */
+	set_tos(skb, fn->a, fn->b);
+	return advance(skb);
+}
+
+SEC("tc")
+int cgl_fn_rate(struct __sk_buff *skb)
+{
+	struct cgl_chain_fn *fn;
+	struct cgl_bucket *b;
+	__u64 now, tokens, elapsed;
+	__u32 idx;
+	int pass;
+
+	fn = this_fn(skb, &idx);
+	if (!fn)
+		return TC_ACT_OK;
+	b = bpf_map_lookup_elem(&buckets, &idx);
+	if (!b)
+		return advance(skb);
+	/* c = rate in bytes/s, d = burst in bytes. Tokens are bytes scaled by 1e9 (ns units). */
+	now = bpf_ktime_get_ns();
+	bpf_spin_lock(&b->lock);
+	if (!b->last_ns) {
+		b->tokens = fn->d * 1000000000ULL;
+		b->last_ns = now;
+	}
+	/* Capping the refill interval at 1 s keeps the product in 64 bits (rate is bounded). */
+	elapsed = now - b->last_ns;
+	if (elapsed > 1000000000ULL)
+		elapsed = 1000000000ULL;
+	tokens = b->tokens + elapsed * fn->c;
+	if (tokens > fn->d * 1000000000ULL)
+		tokens = fn->d * 1000000000ULL;
+	b->last_ns = now;
+	pass = tokens >= (__u64)skb->len * 1000000000ULL;
+	if (pass)
+		tokens -= (__u64)skb->len * 1000000000ULL;
+	b->tokens = tokens;
+	bpf_spin_unlock(&b->lock);
+	if (!pass)
+		return drop_counted(idx);
+	return advance(skb);
+}
+
+SEC("tc")
+int cgl_fn_mirror(struct __sk_buff *skb)
+{
+	struct cgl_chain_fn *fn;
+	__u32 idx;
+
+	fn = this_fn(skb, &idx);
+	if (!fn)
+		return TC_ACT_OK;
+	/* a = ifindex of the monitor interface; the copy leaves on its egress. */
+	if (fn->a)
+		bpf_clone_redirect(skb, fn->a, 0);
+	return advance(skb);
+}

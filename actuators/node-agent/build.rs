@@ -1,0 +1,37 @@
+//! Builds the tc datapath (bpf/agent.bpf.c) with libbpf-cargo's skeleton builder. CO-RE:
+//! vmlinux.h is generated from the running kernel's BTF into OUT_DIR, never committed.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use libbpf_cargo::SkeletonBuilder;
+
+const SRC: &str = "bpf/agent.bpf.c";
+
+fn main() {
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let btf = std::env::var("CGLOOP_VMLINUX_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());
+    let vmlinux = Command::new("bpftool")
+        .args(["btf", "dump", "file", &btf, "format", "c"])
+        .output()
+        .unwrap_or_else(|e| panic!("running bpftool (scripts/bootstrap.d/node-agent.apt) failed: {e}"));
+    if !vmlinux.status.success() {
+        panic!("bpftool btf dump {btf}: {}", String::from_utf8_lossy(&vmlinux.stderr));
+    }
+    std::fs::write(out.join("vmlinux.h"), &vmlinux.stdout).expect("write vmlinux.h");
+
+    SkeletonBuilder::new()
+        .source(SRC)
+        .clang_args([
+            "-I".to_string(),
+            out.display().to_string(),
+            "-I".to_string(),
+            "bpf".to_string(),
+            "-Wall".to_string(),
+        ])
+        .build_and_generate(out.join("agent.skel.rs"))
+        .expect("building bpf/agent.bpf.c");
+    println!("cargo:rerun-if-changed={SRC}");
+    println!("cargo:rerun-if-changed=bpf/agent.h");
+    println!("cargo:rerun-if-env-changed=CGLOOP_VMLINUX_BTF");
+}

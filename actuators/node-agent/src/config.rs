@@ -1,0 +1,181 @@
+//! Agent configuration: identity, files, and the hard bounds every request is checked against.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+/// Limits that no request may exceed, whoever sends it (the policy engine can be wrong).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Bounds {
+    /// Interfaces the agent may touch; `["*"]` allows any.
+    pub interfaces: Vec<String>,
+    pub min_rate_bps: u64,
+    pub max_rate_bps: u64,
+    pub max_burst_bytes: u32,
+    pub max_classes: usize,
+    pub max_flow_rules: usize,
+    pub max_chain_functions: usize,
+    pub max_chains: usize,
+    /// Largest drop fraction an impairment may set.
+    pub max_drop_fraction: f64,
+    pub max_impairments: usize,
+    pub min_probe_interval_ns: u64,
+    pub max_probes: usize,
+    pub max_probe_bytes: u32,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            interfaces: vec!["*".into()],
+            min_rate_bps: 8_000,
+            max_rate_bps: 100_000_000_000,
+            max_burst_bytes: 64 * 1024 * 1024,
+            max_classes: 64,
+            max_flow_rules: 65_536,
+            max_chain_functions: 8,
+            max_chains: 128,
+            max_drop_fraction: 0.5,
+            max_impairments: 1024,
+            min_probe_interval_ns: 1_000_000,
+            max_probes: 32,
+            max_probe_bytes: 1472,
+        }
+    }
+}
+
+impl Bounds {
+    pub fn interface_allowed(&self, name: &str) -> bool {
+        self.interfaces.iter().any(|i| i == "*" || i == name)
+    }
+}
+
+/// The power module's place on this node (see src/power).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PowerSettings {
+    /// Directory laid out like /sys/devices/system/cpu/cpufreq (policyN/scaling_*).
+    pub cpufreq_root: PathBuf,
+    /// Cores the agent may touch; empty means every core with a cpufreq policy.
+    pub managed_cores: Vec<u32>,
+    pub hard_min_khz: u32,
+    pub hard_max_khz: u32,
+    /// The probe's pinned per-function counters (X-MAN input).
+    pub fn_stats_pin: PathBuf,
+    pub if_fn_pin: PathBuf,
+    pub functions: Vec<PowerFunction>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerFunction {
+    pub index: u32,
+    pub name: String,
+    pub core: u32,
+    #[serde(default)]
+    pub c_task_cycles: Option<f64>,
+}
+
+impl Default for PowerSettings {
+    fn default() -> Self {
+        Self {
+            cpufreq_root: PathBuf::from(crate::power::config::DEFAULT_CPUFREQ_ROOT),
+            managed_cores: Vec::new(),
+            hard_min_khz: 0,
+            hard_max_khz: 0,
+            fn_stats_pin: PathBuf::from(crate::power::config::DEFAULT_FN_STATS_PIN),
+            if_fn_pin: PathBuf::from(crate::power::config::DEFAULT_IF_FN_PIN),
+            functions: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub node_id: String,
+    /// The desired-state journal restored on start.
+    pub journal_path: PathBuf,
+    /// How many recent action ids the agent remembers for idempotency.
+    pub remembered_actions: usize,
+    /// Validate and report only: never touch the kernel.
+    pub dry_run: bool,
+    pub bounds: Bounds,
+    /// Write the journal with fsync (survives power loss, costs milliseconds per change).
+    pub journal_fsync: bool,
+    pub power: PowerSettings,
+    /// Kafka bootstrap servers for probe records; empty keeps them local (GetState only).
+    pub kafka_bootstrap: String,
+    pub probe_topic: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_id: hostname(),
+            journal_path: PathBuf::from("/var/lib/cgloop/node-agent/journal.pb"),
+            remembered_actions: 4096,
+            dry_run: false,
+            bounds: Bounds::default(),
+            journal_fsync: false,
+            power: PowerSettings::default(),
+            kafka_bootstrap: String::new(),
+            probe_topic: "cgloop.probes.v1".into(),
+        }
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let config: Config =
+            toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        let b = &self.bounds;
+        anyhow::ensure!(b.min_rate_bps > 0, "bounds.min_rate_bps must be > 0");
+        anyhow::ensure!(b.min_rate_bps <= b.max_rate_bps, "bounds.min_rate_bps > max_rate_bps");
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&b.max_drop_fraction),
+            "bounds.max_drop_fraction must be within 0..1"
+        );
+        anyhow::ensure!(
+            b.max_chain_functions <= crate::datapath::MAX_CHAIN_FNS,
+            "bounds.max_chain_functions exceeds the datapath's {}",
+            crate::datapath::MAX_CHAIN_FNS
+        );
+        anyhow::ensure!(!self.node_id.is_empty(), "node_id must not be empty");
+        Ok(())
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "node".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let err = toml::from_str::<Config>("node_id = \"a\"\n[bounds]\nmax_rate = 5\n").unwrap_err();
+        assert!(err.to_string().contains("max_rate"), "{err}");
+    }
+
+    #[test]
+    fn inverted_rate_bounds_are_refused() {
+        let mut c = Config::default();
+        c.bounds.min_rate_bps = 10;
+        c.bounds.max_rate_bps = 5;
+        assert!(c.check().unwrap_err().to_string().contains("min_rate_bps"));
+    }
+}
