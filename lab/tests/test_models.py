@@ -117,3 +117,75 @@ def test_gaming_profiles_follow_the_domain_notes():
     assert PROFILES["gfn"].down.rate_kbps == 33_000 and PROFILES["gfn"].down.fps == 60
     assert PROFILES["xc"].down.rate_kbps == 13_000
     assert PROFILES["psn"].up.fps == 100  # client input every 10 ms
+
+
+def test_scenario_naming_unknown_nodes_is_refused_before_anything_starts():
+    from cgloop.lab.scenario import Scenario, check_scenario
+
+    sc = Scenario.model_validate(
+        {
+            "duration": 5,
+            "traffic": [{"kind": "gaming", "server": "gs9", "client": "cl1"}],
+            "faults": [{"kind": "congestion", "at": 1, "duration": 1, "dst": "nowhere"}],
+        }
+    )
+    with pytest.raises(ValueError, match=r"traffic\[0\]\.server: no node 'gs9'.*faults\[0\]\.dst"):
+        check_scenario(sc, load_topology())
+    check_scenario(load_scenario(), load_topology())  # the shipped pair fits
+
+
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_media_peers_over_loopback_measure_every_packet_and_survive_garbage(tmp_path):
+    """Both generator ends on loopback (no root): cadence, loss, one-way delay, bad packets."""
+    import socket
+    import threading
+    import time
+
+    from cgloop.lab.traffic.media import run_peer
+
+    a, b = _free_udp_port(), _free_udp_port()
+    profile = PROFILES["test"]
+    results = {}
+
+    start_at = time.time_ns() + 300_000_000  # both bound before either sends, as in a scenario
+
+    def peer(name, bind, to, spec):
+        results[name] = run_peer(
+            ("127.0.0.1", bind),
+            ("127.0.0.1", to),
+            spec,
+            1.5,
+            tmp_path / name,
+            linger=0.5,
+            start_at_ns=start_at,
+        )
+
+    threads = [
+        threading.Thread(target=peer, args=("client", a, b, profile.up)),
+        threading.Thread(target=peer, args=("server", b, a, profile.down)),
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both peers bound
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as junk:
+        for payload in (b"", b"\x00" * 40, b"\x80garbage"):
+            junk.sendto(payload, ("127.0.0.1", a))
+    for t in threads:
+        t.join(10)
+    client, server = results["client"], results["server"]
+    assert client["malformed"] == 3
+    down = client["summary"]
+    # 4 Mbit/s at 60 fps: ~8.3 kB frames, 7 packets each, ~90 frames in 1.5 s.
+    assert server["sent"] > 400 and down["packets"] == server["sent"]
+    assert down["loss_pct"] == 0 and 0 < down["p50_ms"] < 50
+    assert client["ecn"]["not_ect"] == down["packets"]
+    assert results["server"]["summary"]["packets"] == client["sent"] > 100  # input, 100 pps
+    again = Packets.load(tmp_path / "client.npz")
+    assert len(again) == down["packets"]

@@ -110,11 +110,12 @@ def register(app: typer.Typer) -> None:
         teardown: bool = typer.Option(False, "--down", help="take the lab down afterwards"),
     ) -> None:
         """Bring the lab up, run a scenario (traffic + faults), print the report."""
-        from cgloop.lab.scenario import Runner, load_scenario
+        from cgloop.lab.scenario import Runner, check_scenario, load_scenario
 
         lab = _lab(name, topology, state_dir)
         try:
             sc = load_scenario(scenario)
+            check_scenario(sc, lab.topo)
         except ValueError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from exc
@@ -123,6 +124,9 @@ def register(app: typer.Typer) -> None:
         try:
             with console.status(f"running scenario ({sc.duration:g} s)") as status:
                 report = Runner(lab, sc, run_dir, on_event=lambda t: status.update(t)).run()
+        except (RuntimeError, OSError, KeyError) as exc:
+            console.print(f"[red]scenario failed: {exc}[/] (outputs in {run_dir})")
+            raise typer.Exit(1) from exc
         finally:
             if teardown:
                 lab.down()

@@ -16,6 +16,7 @@ from pathlib import Path
 from cgloop.lab.faults import ActiveFault, FaultSpec
 from cgloop.lab.lab import Lab
 from cgloop.lab.sessions import GamingSpec, MediaSession, Session, TrafficSpec, make_session
+from cgloop.lab.topology import Topology
 from cgloop.lab.traffic.stats import DelaySummary
 from cgloop.lab.yamlfile import load_yaml_model
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -41,6 +42,28 @@ class Scenario(BaseModel):
                     f"{self.duration} s"
                 )
         return self
+
+
+NODE_FIELDS = ("server", "client", "a", "b", "src", "dst", "node", "peer")
+
+
+def check_scenario(scenario: Scenario, topology: Topology) -> None:
+    """Refuse, before anything starts, a scenario that names nodes the topology lacks."""
+    names = {n.name for n in topology.nodes}
+    problems = []
+    for section, specs in (("traffic", scenario.traffic), ("faults", scenario.faults)):
+        for i, spec in enumerate(specs):
+            for field in NODE_FIELDS:
+                value = getattr(spec, field, None)
+                if value is not None and value not in names:
+                    problems.append(f"{section}[{i}].{field}: no node {value!r}")
+            needs_bottleneck = spec.kind in ("rate_cap", "loss") and not getattr(spec, "node", 0)
+            if needs_bottleneck and not topology.bottlenecks():
+                problems.append(f"{section}[{i}] ({spec.kind}) needs a bottleneck link")
+    if problems:
+        raise ValueError(
+            f"scenario does not fit topology {topology.name!r}: " + "; ".join(problems)
+        )
 
 
 def load_scenario(path: Path | None = None) -> Scenario:
@@ -91,8 +114,9 @@ class Runner:
         self.events: list[FaultEvent] = []
 
     def run(self) -> Report:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         sc = self.scenario
+        check_scenario(sc, self.lab.topo)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         active: dict[str, tuple[ActiveFault, FaultEvent]] = {}
         # Everything starts at one instant a little ahead, so slow process start-up shifts
         # neither the traffic nor the faults; t0 is that instant.

@@ -7,6 +7,7 @@ write their results on SIGTERM) and `result()` reads what they wrote.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -192,6 +193,11 @@ class BulkSession(Session):
         self.spec = spec
 
     def start(self, duration: float, start_at_ns: int | None = None) -> None:
+        if shutil.which("iperf3") is None:
+            raise RuntimeError(
+                "iperf3 is not installed (listed in scripts/bootstrap.d/lab.apt): "
+                "run scripts/bootstrap.sh"
+            )
         self.started_ns = time.time_ns()  # iperf3 starts in milliseconds: no scheduling
         dst = str(self.lab.topo.address(self.spec.dst))
         port = str(self.spec.port)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +12,14 @@ from cgloop.lab.traffic import media, web
 from cgloop.lab.traffic.profiles import StreamSpec
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
+
+
+def _stop_on_signals() -> threading.Event:
+    """SIGTERM (lab down, end of a fault) and SIGINT end a generator cleanly: results written."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -31,7 +41,15 @@ def media_cmd(
     ] = None,
 ) -> None:
     spec = StreamSpec.model_validate_json(send) if send else None
-    media.run_peer(_addr(bind), _addr(peer), spec, duration, out, start_at_ns=start_at_ns)
+    media.run_peer(
+        _addr(bind),
+        _addr(peer),
+        spec,
+        duration,
+        out,
+        start_at_ns=start_at_ns,
+        stop=_stop_on_signals(),
+    )
 
 
 @app.command("web-server")
@@ -45,7 +63,7 @@ def web_client(
     duration: float = typer.Option(10.0, min=0.1),
     out: Annotated[Path | None, typer.Option(help="write OUT.json")] = None,
 ) -> None:
-    web.fetch_loop(_addr(server), duration, out)
+    web.fetch_loop(_addr(server), duration, out, stop=_stop_on_signals())
 
 
 if __name__ == "__main__":

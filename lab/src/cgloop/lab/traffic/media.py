@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import signal
 import socket
 import struct
 import threading
@@ -163,7 +162,7 @@ class Receiver:
                 continue
             except OSError:
                 continue  # e.g. ECONNREFUSED surfaced from an earlier send: not fatal
-            recv_ns = None
+            recv_ns, tos = None, None
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                     sec, nsec = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
@@ -171,12 +170,14 @@ class Receiver:
                 elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
                     self.socket_drops = struct.unpack("I", payload[:4])[0]
                 elif level == socket.IPPROTO_IP and kind == socket.IP_TOS and payload:
-                    self.ecn[payload[0] & 0x3] += 1
+                    tos = payload[0]
             parsed = parse(data)
             if parsed is None:
                 self.malformed += 1
                 continue
             seq16, send_ns, _ = parsed
+            if tos is not None:
+                self.ecn[tos & 0x3] += 1
             self.seq.append(self._extend(seq16))
             self.send_ns.append(send_ns)
             self.recv_ns.append(recv_ns if recv_ns is not None else time.time_ns())
@@ -195,16 +196,15 @@ def run_peer(
     out: Path | None,
     linger: float = 1.0,
     start_at_ns: int | None = None,
+    stop: threading.Event | None = None,
 ) -> dict:
     """Send `send` (if any) to `peer` for `duration` s while recording what arrives on `bind`;
-    then write `<out>.npz` (per packet) and `<out>.json` (summary). SIGTERM ends it early.
+    then write `<out>.npz` (per packet) and `<out>.json` (summary). Setting `stop` ends it early.
 
     With `start_at_ns` (CLOCK_REALTIME) the receiver is ready at once but sending (and the
     duration) starts at that instant, so start-up time of the process never shifts the traffic.
     """
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop or threading.Event()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(bind)

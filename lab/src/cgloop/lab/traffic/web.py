@@ -60,10 +60,10 @@ def fetch_loop(
     pareto_alpha: float = 1.2,
     min_bytes: int = 8_000,
     seed: int | None = None,
+    stop: threading.Event | None = None,
 ) -> dict:
     rng = random.Random(seed)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop or threading.Event()
     end = time.monotonic() + duration
     times_ms, sizes, errors = [], [], 0
     while not stop.is_set() and time.monotonic() < end:
