@@ -30,8 +30,9 @@ enum Command {
         /// TOML configuration (bounds, journal, power); defaults apply without it.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// host:port, or unix:/path for a Unix socket (still mutual TLS).
         #[arg(long, default_value = "127.0.0.1:7443")]
-        listen: SocketAddr,
+        listen: String,
         /// Directory with ca.pem, server.pem and server.key (see `certs`).
         #[arg(long)]
         tls_dir: PathBuf,
@@ -92,7 +93,7 @@ fn main() -> Result<()> {
     }
 }
 
-fn serve(config: Config, listen: SocketAddr, tls_dir: PathBuf) -> Result<()> {
+fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
     let tls = tls::server_config(&tls_dir)?;
     let power = Power::start(&config.power);
     let probes = Probes::new(config.node_id.clone(), None);
@@ -107,12 +108,6 @@ fn serve(config: Config, listen: SocketAddr, tls_dir: PathBuf) -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
-        let local = listener.local_addr()?;
-        // Tests and scripts wait for this line.
-        println!("cgloop-node-agent listening on {local} (mTLS)");
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .expect("SIGTERM handler");
@@ -121,11 +116,31 @@ fn serve(config: Config, listen: SocketAddr, tls_dir: PathBuf) -> Result<()> {
                 _ = term.recv() => {}
             }
         };
-        Server::builder()
+        let server = Server::builder()
             .tls_config(tls)?
-            .add_service(NodeAgentServiceServer::new(Service::new(agent)))
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
-            .await
-            .context("serving gRPC")
+            .add_service(NodeAgentServiceServer::new(Service::new(agent)));
+        if let Some(path) = listen.strip_prefix("unix:") {
+            let _ = std::fs::remove_file(path);
+            let listener = tokio::net::UnixListener::bind(path)
+                .with_context(|| format!("binding unix socket {path}"))?;
+            // Tests and scripts wait for this line.
+            println!("cgloop-node-agent listening on unix:{path} (mTLS)");
+            server
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), shutdown)
+                .await
+                .context("serving gRPC")
+        } else {
+            let addr: SocketAddr = listen
+                .parse()
+                .with_context(|| format!("--listen {listen:?} is neither host:port nor unix:/path"))?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            println!("cgloop-node-agent listening on {} (mTLS)", listener.local_addr()?);
+            server
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+                .await
+                .context("serving gRPC")
+        }
     })
 }

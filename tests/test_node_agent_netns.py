@@ -1,0 +1,494 @@
+"""The node agent against the real kernel: HTB + cls_bpf in network namespaces, driven over
+gRPC with mutual TLS from the Python bindings (the policy engine's side of the contract).
+
+The lab: two network namespaces joined by a veth pair, the real agent binary serving mutual TLS
+on a Unix socket inside namespace A, UDP traffic from A to B. Everything is named after the
+test's pid so parallel runs never collide, and torn down on exit (also on failure).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+from cgloop.binaries import find_binary
+from cgloop.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc
+from cgloop.v1 import node_agent_pb2 as na
+
+pytestmark = pytest.mark.root
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+# The hierarchy every test starts from (class ids are major << 16 | minor).
+ROOT, LL, GAMING, DEFAULT, BULK = 0x10001, 0x10010, 0x10020, 0x10030, 0x10040
+
+
+def in_netns(ns: str, fn: Callable[[], T]) -> T:
+    """Run fn on a fresh thread that has joined network namespace ns (sockets it opens live
+    there); setns only affects the calling thread, so the test thread stays where it is."""
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                out["error"] = OSError(ctypes.get_errno(), f"setns {ns}")
+                return
+            out["value"] = fn()
+        except BaseException as exc:  # re-raised on the caller's thread
+            out["error"] = exc
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["value"]  # type: ignore[return-value]
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=20)
+
+
+def hierarchy(iface: str) -> node_agent_pb2.QueueHierarchy:
+    def cls(name: str, cid: int, parent: int, rate: int, prio: int) -> node_agent_pb2.HtbClass:
+        return node_agent_pb2.HtbClass(
+            name=name, class_id=cid, parent_class_id=parent, rate_bps=rate, ceil_bps=100_000_000,
+            priority=prio,
+        )
+
+    return node_agent_pb2.QueueHierarchy(
+        interface_name=iface,
+        default_class_id=DEFAULT,
+        classes=[
+            node_agent_pb2.HtbClass(
+                name="root", class_id=ROOT, rate_bps=100_000_000, ceil_bps=100_000_000
+            ),
+            cls("latency-critical", LL, ROOT, 20_000_000, 0),
+            cls("gaming", GAMING, ROOT, 40_000_000, 1),
+            cls("default", DEFAULT, ROOT, 20_000_000, 3),
+            cls("bulk", BULK, ROOT, 10_000_000, 7),
+        ],
+    )
+
+
+@dataclass
+class Lab:
+    tmp: Path
+    tag: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
+    proc: subprocess.Popen[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.ns_a = f"cgl-na-{self.tag}-a"
+        self.ns_b = f"cgl-na-{self.tag}-b"
+        self.if_a = f"cgla{self.tag}"
+        self.if_b = f"cglb{self.tag}"
+        self.addr_a = "10.231.0.1"
+        self.addr_b = "10.231.0.2"
+        self.sock = self.tmp / "agent.sock"
+        self.journal = self.tmp / "journal.pb"
+        self.certs = self.tmp / "certs"
+        self.binary = find_binary("cgloop-node-agent", prefer_release=False)
+
+    # --- set-up and tear-down ---------------------------------------------------------------
+
+    def up(self) -> Lab:
+        self.down_net()
+        sh("ip", "netns", "add", self.ns_a)
+        sh("ip", "netns", "add", self.ns_b)
+        sh("ip", "link", "add", self.if_a, "netns", self.ns_a, "type", "veth", "peer", "name",
+           self.if_b, "netns", self.ns_b)
+        for ns, iface, addr in ((self.ns_a, self.if_a, self.addr_a),
+                                (self.ns_b, self.if_b, self.addr_b)):
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", iface)
+            sh("ip", "-n", ns, "link", "set", iface, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        subprocess.run([str(self.binary), "certs", "--out", str(self.certs)], check=True,
+                       capture_output=True, timeout=30)
+        (self.tmp / "agent.toml").write_text(
+            f'node_id = "lab-{self.tag}"\n'
+            "[bounds]\n"
+            f'interfaces = ["{self.if_a}"]\n'
+            "max_rate_bps = 1000000000\n"
+            "max_drop_fraction = 0.6\n"
+        )
+        self.start()
+        return self
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns_a, str(self.binary), "serve",
+             "--config", str(self.tmp / "agent.toml"), "--listen", f"unix:{self.sock}",
+             "--tls-dir", str(self.certs), "--journal", str(self.journal)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                line = self.proc.stdout.readline()
+                if "listening on" in line:
+                    return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+        raise RuntimeError("agent did not start within 20 s")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def down_net(self) -> None:
+        for ns in (self.ns_a, self.ns_b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+    def down(self) -> None:
+        self.kill()
+        self.down_net()
+
+    # --- gRPC ------------------------------------------------------------------------------
+
+    def credentials(self, with_client_cert: bool = True) -> grpc.ChannelCredentials:
+        ca = (self.certs / "ca.pem").read_bytes()
+        if not with_client_cert:
+            return grpc.ssl_channel_credentials(root_certificates=ca)
+        return grpc.ssl_channel_credentials(
+            root_certificates=ca,
+            private_key=(self.certs / "client.key").read_bytes(),
+            certificate_chain=(self.certs / "client.pem").read_bytes(),
+        )
+
+    def stub(self, creds: grpc.ChannelCredentials | None = None
+             ) -> node_agent_pb2_grpc.NodeAgentServiceStub:
+        channel = grpc.secure_channel(
+            f"unix:{self.sock}", creds or self.credentials(),
+            options=[("grpc.ssl_target_name_override", "localhost")],
+        )
+        return node_agent_pb2_grpc.NodeAgentServiceStub(channel)
+
+    def flow(self, sport: int, dport: int) -> common_pb2.FiveTuple:
+        return common_pb2.FiveTuple(
+            src_addr=socket.inet_aton(self.addr_a), dst_addr=socket.inet_aton(self.addr_b),
+            src_port=sport, dst_port=dport, ip_protocol=17,
+        )
+
+    def class_packets(self, stub: node_agent_pb2_grpc.NodeAgentServiceStub) -> dict[int, int]:
+        state = stub.GetState(node_agent_pb2.GetStateRequest(), timeout=10).state
+        return {c.class_id: c.sent_packets for q in state.queues for c in q.classes}
+
+    # --- traffic ---------------------------------------------------------------------------
+
+    def send(self, sport: int, dport: int, count: int, gap_s: float = 0.0,
+             size: int = 64) -> None:
+        def run() -> None:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((self.addr_a, sport))
+            for i in range(count):
+                s.sendto(struct.pack("!Q", i).ljust(size, b"\0"), (self.addr_b, dport))
+                if gap_s:
+                    time.sleep(gap_s)
+            s.close()
+
+        in_netns(self.ns_a, run)
+
+
+class Receiver:
+    """UDP receiver in namespace B that records (sequence, DSCP) of every datagram."""
+
+    def __init__(self, lab: Lab, port: int) -> None:
+        self.got: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=in_netns, args=(lab.ns_b, self._run), daemon=True)
+        self._lab, self._port = lab, port
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        s.bind((self._lab.addr_b, self._port))
+        s.settimeout(0.1)
+        self._ready.set()
+        while not self._stop.is_set():
+            try:
+                data, anc, _, _ = s.recvmsg(2048, socket.CMSG_SPACE(4))
+            except TimeoutError:
+                continue
+            tos = next((d[0] for lvl, typ, d in anc
+                        if lvl == socket.IPPROTO_IP and typ == socket.IP_TOS), 0)
+            self.got.append((struct.unpack("!Q", data[:8])[0], tos >> 2))
+        s.close()
+
+    def stop(self) -> list[tuple[int, int]]:
+        time.sleep(0.2)
+        self._stop.set()
+        self._thread.join(5)
+        return self.got
+
+
+def _skip_without_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, BPF)")
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    _skip_without_root()
+    lab = Lab(tmp_path)
+    try:
+        yield lab.up()
+    finally:
+        lab.down()
+
+
+def apply(stub, lab: Lab, action: str = "h1") -> na.ApplyQueueHierarchyResponse:
+    return stub.ApplyQueueHierarchy(
+        na.ApplyQueueHierarchyRequest(action_id=action, hierarchy=hierarchy(lab.if_a)), timeout=10
+    )
+
+
+def set_flow(stub, lab: Lab, action: str, sport: int, dport: int, class_id: int, **kw):
+    rule = na.FlowClassRule(
+        interface_name=lab.if_a, flow=lab.flow(sport, dport), class_id=class_id, **kw
+    )
+    return stub.SetFlowClass(na.SetFlowClassRequest(action_id=action, rule=rule), timeout=10)
+
+
+def test_traffic_lands_in_the_class_of_its_flow_and_reclassification_hits_the_next_packet(lab):
+    stub = lab.stub()
+    resp = apply(stub, lab)
+    assert resp.outcome.changed and not resp.HasField("previous")
+    assert {c.class_id for c in resp.applied.classes} >= {LL, GAMING, DEFAULT, BULK}
+
+    before = lab.class_packets(stub)
+    lab.send(40001, 9000, 50)
+    after = lab.class_packets(stub)
+    assert after[DEFAULT] - before[DEFAULT] >= 50, "unclassified traffic goes to the default"
+
+    set_flow(stub, lab, "f1", 40001, 9000, GAMING)
+    before = after
+    lab.send(40001, 9000, 50)
+    lab.send(40002, 9000, 20)  # another flow stays in the default class
+    after = lab.class_packets(stub)
+    assert after[GAMING] - before[GAMING] == 50
+    assert after[DEFAULT] - before[DEFAULT] >= 20
+
+    # Reclassify while packets flow: every packet sent after the RPC returned carries the new
+    # class's DSCP rewrite, i.e. the change is in force from the next packet on.
+    rx = Receiver(lab, 9001)
+    seq_at_return: list[int] = []
+    sender_started = threading.Event()
+
+    def pump() -> None:
+        sender_started.set()
+        lab.send(40003, 9001, 3000, gap_s=0.0002)
+
+    t = threading.Thread(target=pump)
+    t.start()
+    sender_started.wait()
+    time.sleep(0.1)
+    t0 = time.monotonic_ns()
+    resp = set_flow(stub, lab, "f2", 40003, 9001, LL, rewrite_dscp=46)
+    rpc_ns = time.monotonic_ns() - t0
+    seq_at_return.append(len(rx.got))
+    t.join()
+    got = rx.stop()
+    assert got, "receiver saw nothing"
+    first_marked = next(i for i, (_, dscp) in enumerate(got) if dscp == 46)
+    assert all(dscp == 46 for _, dscp in got[first_marked:]), "a packet slipped back"
+    assert first_marked <= seq_at_return[0], "packets after the RPC returned were not reclassified"
+    print(f"reclassification RPC {rpc_ns / 1e6:.3f} ms, agent apply "
+          f"{resp.outcome.apply_latency_ns / 1e3:.1f} us")
+
+    state = stub.GetState(na.GetStateRequest(), timeout=10).state
+    rules = {(r.flow.src_port, r.class_id): r for r in state.flow_classes if r.HasField("flow")}
+    assert rules[(40001, GAMING)].matched_packets == 50
+    assert rules[(40003, LL)].rewrite_dscp == 46
+    assert state.classifiers[0].bpf_prog_id > 0
+
+
+def test_class_rate_change_is_read_back_from_the_kernel(lab):
+    stub = lab.stub()
+    apply(stub, lab)
+    resp = stub.SetClassRate(
+        na.SetClassRateRequest(action_id="r1", interface_name=lab.if_a, class_id=BULK,
+                               rate_bps=5_000_000, ceil_bps=8_000_000), timeout=10)
+    assert resp.outcome.changed
+    assert resp.previous.rate_bps == 10_000_000
+    out = subprocess.run(["tc", "-n", lab.ns_a, "class", "show", "dev", lab.if_a],
+                         capture_output=True, text=True, check=True).stdout
+    assert "class htb 1:40" in out and "rate 5Mbit ceil 8Mbit" in out, out
+    state = stub.GetState(na.GetStateRequest(), timeout=10).state
+    bulk = next(c for c in state.queues[0].classes if c.class_id == BULK)
+    assert (bulk.rate_bps, bulk.ceil_bps, bulk.name) == (5_000_000, 8_000_000, "bulk")
+
+
+def chain(cls: str, *fns: tuple[str, int, dict[str, str]]) -> na.ServiceChain:
+    return na.ServiceChain(
+        chain_id=f"{cls}-chain", traffic_class=cls,
+        functions=[na.ChainFunction(name=n, kind=k, params=p) for n, k, p in fns],
+    )
+
+
+def test_chain_filters_marks_and_limits_and_calvin_refuses_payload_work(lab):
+    stub = lab.stub()
+    apply(stub, lab)
+    set_flow(stub, lab, "f1", 41000, 9100, GAMING)
+    set_flow(stub, lab, "f2", 41001, 9101, GAMING)
+    basic = na.FUNCTION_KIND_BASIC
+    resp = stub.SetChain(na.SetChainRequest(action_id="c1", chain=chain(
+        "gaming",
+        ("acl", basic, {"proto": "17", "dst_port": "9101"}),
+        ("mark", basic, {"dscp": "34", "ecn": "1"}),
+        ("forward", na.FUNCTION_KIND_ELEMENTARY, {}),
+    )), timeout=10)
+    assert resp.outcome.changed
+    rx_ok, rx_denied = Receiver(lab, 9100), Receiver(lab, 9101)
+    lab.send(41000, 9100, 40)
+    lab.send(41001, 9101, 40)
+    ok, denied = rx_ok.stop(), rx_denied.stop()
+    assert len(ok) == 40 and all(dscp == 34 for _, dscp in ok)
+    assert denied == [], "the ACL let denied packets through"
+
+    # Swap in a token bucket: 200 kbit/s with a 3000-byte burst passes about the burst.
+    stub.SetChain(na.SetChainRequest(action_id="c2", chain=chain(
+        "gaming", ("rate_limit", basic, {"rate_bps": "200000", "burst_bytes": "3000"}),
+    )), timeout=10)
+    rx = Receiver(lab, 9100)
+    lab.send(41000, 9100, 200, size=972)  # 1000-byte IP packets, sent back to back
+    passed = len(rx.stop())
+    assert 2 <= passed <= 20, f"token bucket passed {passed} of 200"
+    state = stub.GetState(na.GetStateRequest(), timeout=10).state
+    fn = state.chains[0].functions[0]
+    assert fn.name == "rate_limit" and fn.params["rate_bps"] == "200000"
+    assert fn.dropped_packets == 200 - passed
+
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetChain(na.SetChainRequest(action_id="c3", chain=chain(
+            "gaming", ("encrypt", basic, {}))), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CALVIN" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetChain(na.SetChainRequest(action_id="c4", chain=chain(
+            "gaming", ("acl", na.FUNCTION_KIND_ADVANCED, {}))), timeout=10)
+    assert "CALVIN" in err.value.details()
+
+
+def test_impairment_drops_about_the_configured_fraction(lab):
+    stub = lab.stub()
+    apply(stub, lab)
+    stub.SetImpairment(na.SetImpairmentRequest(action_id="i1", impairment=na.Impairment(
+        interface_name=lab.if_a, flow=lab.flow(42000, 9200), drop_fraction=0.5)), timeout=10)
+    rx = Receiver(lab, 9200)
+    lab.send(42000, 9200, 1000)
+    got = len(rx.stop())
+    # Binomial(1000, 0.5): +-6 sigma is +-95.
+    assert 405 <= got <= 595, got
+    imp = stub.GetState(na.GetStateRequest(), timeout=10).state.impairments[0]
+    assert imp.seen_packets == 1000 and imp.dropped_packets == 1000 - got
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetImpairment(na.SetImpairmentRequest(action_id="i2", impairment=na.Impairment(
+            interface_name=lab.if_a, flow=lab.flow(42000, 9200), drop_fraction=0.9)), timeout=10)
+    assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
+
+
+def test_bounds_idempotency_and_dry_run(lab):
+    stub = lab.stub()
+    dry = stub.ApplyQueueHierarchy(na.ApplyQueueHierarchyRequest(
+        action_id="d1", dry_run=True, hierarchy=hierarchy(lab.if_a)), timeout=10)
+    assert dry.outcome.dry_run and not dry.outcome.changed and "tc class" in dry.outcome.message
+    assert not stub.GetState(na.GetStateRequest(), timeout=10).state.queues, "dry run applied"
+
+    first = apply(stub, lab, "h1")
+    again = apply(stub, lab, "h1")
+    assert again.outcome.replayed and not again.outcome.changed
+    assert again.applied == first.applied
+
+    def refused(req_fn, code: grpc.StatusCode, needle: str) -> None:
+        with pytest.raises(grpc.RpcError) as err:
+            req_fn()
+        assert err.value.code() == code, err.value.details()
+        assert needle in err.value.details(), err.value.details()
+
+    big = hierarchy(lab.if_a)
+    big.classes[1].rate_bps = 10_000_000_000
+    big.classes[1].ceil_bps = 10_000_000_000
+    refused(lambda: stub.ApplyQueueHierarchy(na.ApplyQueueHierarchyRequest(
+        action_id="h2", hierarchy=big), timeout=10), grpc.StatusCode.OUT_OF_RANGE, "rate_bps")
+    other = hierarchy("lo")
+    refused(lambda: stub.ApplyQueueHierarchy(na.ApplyQueueHierarchyRequest(
+        action_id="h3", hierarchy=other), timeout=10), grpc.StatusCode.PERMISSION_DENIED, "lo")
+    refused(lambda: set_flow(stub, lab, "h1", 1, 2, GAMING),
+            grpc.StatusCode.ALREADY_EXISTS, "action_id")
+    refused(lambda: set_flow(stub, lab, "", 1, 2, GAMING),
+            grpc.StatusCode.INVALID_ARGUMENT, "action_id")
+    refused(lambda: set_flow(stub, lab, "x1", 1, 2, 0x10099),
+            grpc.StatusCode.NOT_FOUND, "1:99")
+    refused(lambda: set_flow(stub, lab, "x2", 1, 70000, GAMING),
+            grpc.StatusCode.INVALID_ARGUMENT, "dst_port")
+
+
+def test_mutual_tls_refuses_clients_without_a_lab_certificate(lab, tmp_path):
+    no_cert = lab.stub(lab.credentials(with_client_cert=False))
+    with pytest.raises(grpc.RpcError) as err:
+        no_cert.GetState(na.GetStateRequest(), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    other_ca = tmp_path / "other"
+    subprocess.run([str(lab.binary), "certs", "--out", str(other_ca)], check=True,
+                   capture_output=True, timeout=30)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(lab.certs / "ca.pem").read_bytes(),
+        private_key=(other_ca / "client.key").read_bytes(),
+        certificate_chain=(other_ca / "client.pem").read_bytes(),
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        lab.stub(creds).GetState(na.GetStateRequest(), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert lab.stub().GetState(na.GetStateRequest(), timeout=5).state.node_id.startswith("lab-")
+
+
+def test_restarted_agent_restores_the_journal_into_the_kernel(lab):
+    stub = lab.stub()
+    apply(stub, lab)
+    set_flow(stub, lab, "f1", 43000, 9300, GAMING)
+    stub.SetChain(na.SetChainRequest(action_id="c1", chain=chain(
+        "gaming", ("mark", na.FUNCTION_KIND_BASIC, {"dscp": "10"}))), timeout=10)
+    lab.kill()
+    # Lose the kernel state too (as a reboot of the datapath would).
+    subprocess.run(["tc", "-n", lab.ns_a, "qdisc", "del", "dev", lab.if_a, "root"], check=True)
+    subprocess.run(["tc", "-n", lab.ns_a, "qdisc", "del", "dev", lab.if_a, "clsact"], check=True)
+    lab.start()
+    stub = lab.stub()
+    state = stub.GetState(na.GetStateRequest(), timeout=10).state
+    assert {c.name for c in state.queues[0].classes} >= {"gaming", "bulk"}
+    assert state.classifiers[0].bpf_prog_id > 0
+    assert any(r.flow.src_port == 43000 and r.class_id == GAMING for r in state.flow_classes)
+    # The action ids survive too: a retry of f1 is answered, not re-applied.
+    assert set_flow(stub, lab, "f1", 43000, 9300, GAMING).outcome.replayed
+    before = lab.class_packets(stub)
+    rx = Receiver(lab, 9300)
+    lab.send(43000, 9300, 30)
+    got = rx.stop()
+    assert lab.class_packets(stub)[GAMING] - before[GAMING] == 30
+    assert len(got) == 30 and all(dscp == 10 for _, dscp in got)
