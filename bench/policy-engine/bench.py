@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -33,9 +34,16 @@ from cgloop.policy.engine import Engine
 from cgloop.policy.guards import Budget
 from cgloop.policy.journal import Journal
 from cgloop.policy.planners import natif
-from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection
+from cgloop.policy.testing import detection
 from cgloop.v1 import detection_pb2 as dpb
 
+AGENT_SCRIPT = """
+import sys
+from cgloop.policy.testing import AgentServer, MemoryNodeAgent
+with AgentServer(MemoryNodeAgent("node-a"), workers=8) as server:
+    print(server.address, flush=True)
+    sys.stdin.read()
+"""
 RATE = 10_000  # detections per second
 BATCH = 50  # detections per Kafka message / per engine call (5 ms of detections)
 PUBLISHED_NATIF_S = {1000: 1.0, 2000: 2.3, 3000: 3.3}  # Hajji Fig. 7.6b, flow mapping
@@ -168,20 +176,21 @@ def paced_engine_run(engine: Engine, dets: list[dpb.Detection]) -> list[float]:
     latencies: list[float] = []
     start = time.perf_counter_ns() + 10_000_000
     for i in range(0, len(dets), BATCH):
-        due = start + i * 1_000_000_000 // RATE
+        n = min(BATCH, len(dets) - i)
+        arrivals = [start + (i + k) * 1_000_000_000 // RATE for k in range(n)]
+        due = arrivals[-1]  # a batch is complete when its last detection has arrived
         while (now := time.perf_counter_ns()) < due:
             if due - now > 200_000:
                 time.sleep((due - now - 100_000) / 1e9)
-        batch = dpb.DetectionBatch(records=dets[i : i + BATCH])
+        batch = dpb.DetectionBatch(records=dets[i : i + n])
         t_wall = time.time_ns()
         for d in batch.records:
             d.header.timestamp_ns = t_wall
             d.window_end_ns = t_wall
         engine.handle(batch)
         done = time.perf_counter_ns()
-        # Every detection of the batch waited from its own arrival time until the batch was done.
-        for k in range(len(batch.records)):
-            latencies.append(done - (due + k * 1_000_000_000 // RATE))
+        # Each detection waited from its own arrival until its batch's events were out.
+        latencies += [done - a for a in arrivals]
     return latencies
 
 
@@ -193,8 +202,15 @@ def bench_decide(seconds: float = 5.0) -> None:
         f"\n== Decision latency in process at {RATE} detections/s "
         f"({seconds:g} s, first 1 s dropped)"
     )
-    with tempfile.TemporaryDirectory() as tmp, AgentServer(MemoryNodeAgent("node-a")) as agent:
-        node = NodeAgentActuator({"node-a": agent.address})
+    # The in-memory agent runs in its own process, like a real agent: it must not share the
+    # engine's interpreter lock.
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )
+    address = agent.stdout.readline().strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        node = NodeAgentActuator({"node-a": address})
         full = Engine(
             policies(),
             Router(node),
@@ -210,7 +226,21 @@ def bench_decide(seconds: float = 5.0) -> None:
             f"{s.refused} refused by guards, {s.pending_trigger} waiting for hysteresis, "
             f"{s.unmatched} matched no policy"
         )
+        # Same engine, journal written but not fsynced: how much of the cost is durability.
+        for d in dets:
+            d.id = str(uuid.uuid4())
+        nosync = Engine(
+            policies(),
+            Router(node),
+            journal=Journal(Path(tmp) / "journal2.jsonl", fsync=False),
+            budget=Budget(limit=1_000_000, window_s=1),
+            source_id="bench2",
+        )
+        lat_nosync = paced_engine_run(nosync, dets)[warm:]
+        print(f"engine, journal without fsync:              {dist(lat_nosync)}")
         node.close()
+    agent.stdin.close()
+    agent.wait(10)
     bare = Engine(policies(), NotifyActuator(), journal=Journal(None), budget=Budget(1_000_000, 1))
     for d in dets:
         d.id = str(uuid.uuid4())

@@ -19,11 +19,12 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.policy import detections as dets
-from cgloop.policy.actuators import Actuator, ActuatorError
+from cgloop.policy.actuators import Actuator, ActuatorError, Applied
 from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
 from cgloop.policy.journal import FINAL, Entry, Journal
 from cgloop.policy.model import Comparator, Mode, Operation, Policy, Subject, Verdict
@@ -90,6 +91,9 @@ class Engine:
     # verification waits this much longer before concluding "not checked".
     verify_grace_s: float = 3.0
     remember_detections: int = 100_000
+    # Actions decided in one detection batch go to their actuators concurrently (their targets
+    # differ: one action in flight per target), so slow gRPC calls do not queue detections.
+    apply_workers: int = 8
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -105,6 +109,8 @@ class Engine:
         self._outbox: list[apb.ActionEvent] = []
         self._due: list[tuple[int, str]] = []  # (verify at ns, action id)
         self._sequence = 0
+        self._to_apply: list[tuple[Entry, int]] = []
+        self._pool: ThreadPoolExecutor | None = None
         self._resume()
 
     # --- records --------------------------------------------------------------------------
@@ -164,8 +170,33 @@ class Engine:
     def handle(self, batch: dpb.DetectionBatch) -> list[apb.ActionEvent]:
         for det in batch.records:
             self.on_detection(det)
+        self._apply_decided()
         self.tick()
         return self.drain()
+
+    def _apply_decided(self) -> None:
+        todo, self._to_apply = self._to_apply, []
+        if len(todo) <= 1 or self.apply_workers <= 1:
+            for entry, end in todo:
+                self._apply(entry, end)
+            return
+        live = []
+        for entry, end in todo:
+            if self.clock() > entry.action.deadline_ns:
+                self._expire(entry)
+            else:
+                live.append((entry, end))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.apply_workers, thread_name_prefix="apply")
+        futures = [self._pool.submit(self.actuator.apply, e.action) for e, _ in live]
+        for (entry, end), fut in zip(live, futures, strict=True):
+            try:
+                applied = fut.result()
+            except ActuatorError as exc:
+                self.stats.failed += 1
+                self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+                continue
+            self._applied(entry, applied, end)
 
     def _matches(self, p: Policy, det: dpb.Detection, subject: Subject | None) -> bool | None:
         """True: matches; False: same kind and subject type but below the bar; None: unrelated."""
@@ -327,22 +358,28 @@ class Engine:
         self._emit_action(action)
         if p.mode is Mode.APPROVE:
             return
-        self._apply(entry, det.window_end_ns)
+        self._to_apply.append((entry, det.window_end_ns))
 
     # --- execution ------------------------------------------------------------------------
 
+    def _expire(self, entry: Entry) -> None:
+        self.stats.expired += 1
+        self._result(entry, apb.ACTION_STATE_EXPIRED, "deadline passed before applying")
+
     def _apply(self, entry: Entry, detection_end_ns: int = 0) -> None:
-        action = entry.action
-        if self.clock() > action.deadline_ns:
-            self.stats.expired += 1
-            self._result(entry, apb.ACTION_STATE_EXPIRED, "deadline passed before applying")
+        if self.clock() > entry.action.deadline_ns:
+            self._expire(entry)
             return
         try:
-            applied = self.actuator.apply(action)
+            applied = self.actuator.apply(entry.action)
         except ActuatorError as exc:
             self.stats.failed += 1
             self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
             return
+        self._applied(entry, applied, detection_end_ns)
+
+    def _applied(self, entry: Entry, applied: Applied, detection_end_ns: int) -> None:
+        action = entry.action
         self.stats.applied += 1
         loop = applied.applied_ns - detection_end_ns if detection_end_ns else 0
         note = "replayed by the actuator (already applied)" if applied.replayed else applied.message
