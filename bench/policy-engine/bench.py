@@ -205,7 +205,9 @@ def bench_decide(seconds: float = 5.0) -> None:
     # The in-memory agent runs in its own process, like a real agent: it must not share the
     # engine's interpreter lock.
     agent = subprocess.Popen(
-        [sys.executable, "-c", AGENT_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-c", AGENT_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
     )
     address = agent.stdout.readline().strip()
@@ -294,8 +296,27 @@ def bench_kafka(seconds: float = 5.0) -> None:
                 **{"auto.offset.reset": "latest"},
             )
             audit.poll(3)
-            producer = BatchProducer(bootstrap, client_id=f"bench-{label}", **{"linger.ms": 0})
             sent: dict[str, int] = {}
+            received: list[tuple[int, str]] = []
+            producing = threading.Event()
+            producing.set()
+
+            def collect() -> None:  # reads the actions topic while detections are produced
+                quiet = 0
+                while producing.is_set() or quiet < 3:
+                    item = audit.poll(1.0)
+                    if item is None:
+                        quiet += 1
+                        continue
+                    quiet = 0
+                    now = time.time_ns()
+                    for ev in item[1].events:
+                        if ev.HasField("action") and ev.action.header.source_id == f"bench-{label}":
+                            received.extend((now, d) for d in ev.action.reason_detection_ids)
+
+            collector = threading.Thread(target=collect, daemon=True)
+            collector.start()
+            producer = BatchProducer(bootstrap, client_id=f"bench-{label}", **{"linger.ms": 0})
             start = time.perf_counter_ns()
             for i in range(0, n, BATCH):
                 due = start + i * 1_000_000_000 // RATE
@@ -310,21 +331,9 @@ def bench_kafka(seconds: float = 5.0) -> None:
                     sent[d.id] = t
                 producer.send("cgloop.detections.v1", batch, key=str(i))
             producer.flush()
-            latencies: list[float] = []
-            deadline = time.monotonic() + 20
-            quiet = 0
-            while time.monotonic() < deadline and quiet < 3:
-                item = audit.poll(1.0)
-                if item is None:
-                    quiet += 1
-                    continue
-                quiet = 0
-                received = time.time_ns()
-                for ev in item[1].events:
-                    if ev.HasField("action") and ev.action.header.source_id == f"bench-{label}":
-                        for det_id in ev.action.reason_detection_ids:
-                            if det_id in sent:
-                                latencies.append(received - sent.pop(det_id))
+            producing.clear()
+            collector.join(60)
+            latencies = [t - sent[d] for t, d in received if d in sent]
             stop.set()
             worker.join(30)
             audit.close()
