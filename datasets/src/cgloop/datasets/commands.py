@@ -92,6 +92,75 @@ def serve_cmd(
         raise typer.Exit(1) from None
 
 
+def schema_diff(client) -> list[str]:  # client: clickhouse-connect Client
+    """ALTER statements a new migration needs so every protobuf field reaches its ingest table."""
+    from cgloop.datasets.records import DATABASE, KINDS, ingest_columns
+
+    out = []
+    for kind in KINDS.values():
+        have = dict(
+            client.query(
+                "SELECT name, type FROM system.columns WHERE database = {d:String}"
+                " AND table = {t:String}",
+                parameters={"d": DATABASE, "t": kind.ingest_table},
+            ).result_rows
+        )
+        for name, ch_type in ingest_columns(kind.row_descriptor):
+            if name not in have:
+                out.append(
+                    f"ALTER TABLE {DATABASE}.{kind.ingest_table} ADD COLUMN IF NOT EXISTS "
+                    f"{name} {ch_type};"
+                )
+            elif have[name] != ch_type:
+                out.append(
+                    f"-- {kind.ingest_table}.{name}: store has {have[name]}, proto {ch_type}"
+                )
+    return out
+
+
+@store_app.command("schema-diff")
+def schema_diff_cmd(
+    path: Annotated[Path | None, typer.Option(help="chDB data folder")] = None,
+    url: Annotated[str | None, typer.Option(help="store or ClickHouse URL instead")] = None,
+) -> None:
+    """Print what a new migration must add for proto fields the store does not map yet (exit 1
+    if anything); then add the column to the table and its view in that migration too."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(
+        dsn=url or f"chdb://{(path or _default_path()).resolve()}"
+    )
+    lines = schema_diff(client)
+    print("\n".join(lines) if lines else "every protobuf field has its ingest column")
+    raise typer.Exit(1 if lines else 0)
+
+
+@store_app.command("ttl")
+def ttl_cmd(
+    table: Annotated[str, typer.Argument(help="table in the cgloop database")],
+    days: Annotated[int, typer.Argument(min=1, help="keep rows this many days after ingest")],
+    path: Annotated[Path | None, typer.Option(help="chDB data folder")] = None,
+    url: Annotated[str | None, typer.Option(help="ClickHouse server URL instead")] = None,
+) -> None:
+    """Change a table's retention (counted from ingested_at)."""
+    import re
+
+    import clickhouse_connect
+
+    if not re.fullmatch(r"[a-z0-9_]+", table):
+        _err.print(f"[red]not a table name: {escape(table)!r}[/]")
+        raise typer.Exit(2)
+    client = clickhouse_connect.get_client(
+        dsn=url or f"chdb://{(path or _default_path()).resolve()}"
+    )
+    try:
+        client.command(f"ALTER TABLE cgloop.{table} MODIFY TTL ingested_at + INTERVAL {days} DAY")
+    except Exception as exc:
+        _err.print(f"[red]ttl: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    print(f"cgloop.{table}: rows kept {days} days after ingest")
+
+
 # Friendly output names -> ClickHouse formats (any other ClickHouse format name passes through).
 _FORMATS = {"csv": "CSVWithNames", "json": "JSONEachRow", "tsv": "TSVWithNames"}
 

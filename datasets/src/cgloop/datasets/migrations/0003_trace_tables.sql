@@ -10,7 +10,7 @@
 -- sink's replay of a batch after a crash carries the same dedup token and is dropped on insert,
 -- here and in every view fed from it. Daily partitions by event time. TTLs count from
 -- ingested_at (not event time), so an imported dataset recorded long ago is not dropped on
--- arrival; the durations are defaults, changed with `cgloop store ttl`.
+-- arrival; the durations are defaults (change one with `cgloop store ttl TABLE DAYS`).
 
 CREATE TABLE IF NOT EXISTS cgloop.flow_records (
     source_id LowCardinality(String),
