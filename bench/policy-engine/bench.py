@@ -368,11 +368,16 @@ def bench_kafka(seconds: float = 5.0) -> None:
             producer = BatchProducer(bootstrap, client_id="bench-pass")
             seq = 0
             while not stop.is_set():
+                # Same draining as the engine's service loop: up to 64 messages per flush/commit.
+                items = []
                 item = consumer.poll(0.05)
-                if item is None:
+                while item is not None:
+                    items.append(item)
+                    item = consumer.poll(0.001) if len(items) < 64 else None
+                if not items:
                     continue
                 out = apb.ActionBatch()
-                for d in item[1].records:
+                for d in (r for it in items for r in it[1].records):
                     if d.labels.get("bench") != "passthrough":
                         continue
                     seq += 1
@@ -393,7 +398,9 @@ def bench_kafka(seconds: float = 5.0) -> None:
                 if out.events:
                     producer.send("cgloop.actions.v1", out, key="pass")
                     producer.flush()
-                consumer.commit(item[2])
+                last = {it[2].partition(): it[2] for it in items}
+                for msg in last.values():
+                    consumer.commit(msg)
             consumer.close()
 
         lat_engine = measure(engine_worker, "engine")

@@ -14,6 +14,7 @@ from pathlib import Path
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
 from cgloop.policy.engine import Engine, events_by_key
 from cgloop.v1 import action_pb2 as apb
+from cgloop.v1 import detection_pb2 as dpb
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +50,32 @@ def run(
     group_id: str = "cgloop-policy-engine",
     approvals: Path | None = None,
     poll_s: float = 0.05,
+    max_messages: int = 64,
 ) -> None:
     consumer = BatchConsumer(bootstrap, group_id, [DETECTIONS], source_id=engine.source_id)
     producer = BatchProducer(bootstrap, client_id=engine.source_id)
     try:
         publish(producer, engine.drain())  # whatever resuming from the journal produced
         while not stop.is_set():
+            # Take what is waiting (up to max_messages) so one flush and one commit per
+            # partition cover many batches: the synchronous commit is the bus's slowest step.
+            last: dict[int, object] = {}
+            combined = dpb.DetectionBatch()
+            taken = 0
             item = consumer.poll(poll_s)
-            events = []
-            if item is not None:
+            while item is not None:
                 _, batch, msg = item
-                events += engine.handle(batch)  # type: ignore[arg-type]
+                combined.records.extend(batch.records)  # type: ignore[attr-defined]
+                last[msg.partition()] = msg
+                taken += 1
+                item = consumer.poll(0.001) if taken < max_messages else None
+            events = engine.handle(combined) if taken else []
             engine.tick()
             if approvals is not None and approvals.is_dir():
                 process_approvals(engine, approvals)
             publish(producer, events + engine.drain())
-            if item is not None:
-                consumer.commit(msg)
+            for msg in last.values():
+                consumer.commit(msg)  # type: ignore[arg-type]
     finally:
         consumer.close()
         producer.flush()
