@@ -31,7 +31,11 @@ fn main() {
         .build_and_generate(out.join("flow_probe.skel.rs"))
         .unwrap_or_else(|e| panic!("building {}: {e:#}", src.display()));
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
-    for entry in fs::read_dir(bpf_dir.join("include")).into_iter().flatten().flatten() {
+    for entry in fs::read_dir(bpf_dir.join("include"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         println!("cargo:rerun-if-changed={}", entry.path().display());
     }
 }
@@ -45,7 +49,10 @@ fn dump_vmlinux(dst: &Path) {
         .output()
         .unwrap_or_else(|e| panic!("running bpftool (Debian package bpftool): {e}"));
     if !output.status.success() {
-        panic!("bpftool btf dump failed: {}", String::from_utf8_lossy(&output.stderr));
+        panic!(
+            "bpftool btf dump failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     fs::write(dst, output.stdout).unwrap_or_else(|e| panic!("writing {}: {e}", dst.display()));
 }

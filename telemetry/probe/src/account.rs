@@ -18,7 +18,11 @@ pub struct AccountConfig {
 
 impl Default for AccountConfig {
     fn default() -> Self {
-        Self { burst_gap_ns: 1_000_000, rtp_default_clock_hz: 90_000, rtp_enabled: true }
+        Self {
+            burst_gap_ns: 1_000_000,
+            rtp_default_clock_hz: 90_000,
+            rtp_enabled: true,
+        }
     }
 }
 
@@ -45,11 +49,23 @@ pub fn rtp_clock_hz(pt: u8, default_hz: u32) -> u32 {
 
 /// A new flow's value, as the BPF program initialises it from the zeroed template.
 pub fn new_flow(now: u64, epoch: u32, l3_len: u32) -> FlowValue {
-    FlowValue { first_ns: now, last_ns: now, epoch, size_min: l3_len, ..Default::default() }
+    FlowValue {
+        first_ns: now,
+        last_ns: now,
+        epoch,
+        size_min: l3_len,
+        ..Default::default()
+    }
 }
 
 /// Adds one packet to its flow. Returns true when this packet confirmed an RTP stream.
-pub fn account(v: &mut FlowValue, p: &PacketInfo, now: u64, epoch: u32, cfg: &AccountConfig) -> bool {
+pub fn account(
+    v: &mut FlowValue,
+    p: &PacketInfo,
+    now: u64,
+    epoch: u32,
+    cfg: &AccountConfig,
+) -> bool {
     let l3 = p.l3_len;
     v.packets += 1;
     v.bytes += l3 as u64;
@@ -132,11 +148,20 @@ pub fn rtp_update(r: &mut RtpState, h: &[u8; 12], now: u64, default_hz: u32) -> 
         r.markers += 1;
     }
     let dts = ts.wrapping_sub(r.last_rtp_ts) as i32;
-    let clock = if r.clock_rate_hz != 0 { r.clock_rate_hz as u64 } else { 90_000 };
+    let clock = if r.clock_rate_hz != 0 {
+        r.clock_rate_hz as u64
+    } else {
+        90_000
+    };
     let mag = (dts.unsigned_abs() as u64) * NSEC_PER_SEC / clock;
     let sent = if dts < 0 { -(mag as i64) } else { mag as i64 };
-    let d = (now.wrapping_sub(r.last_arrival_ns) as i64).wrapping_sub(sent).unsigned_abs();
-    r.jitter_ns_x16 = r.jitter_ns_x16.wrapping_add(d).wrapping_sub((r.jitter_ns_x16 + 8) >> 4);
+    let d = (now.wrapping_sub(r.last_arrival_ns) as i64)
+        .wrapping_sub(sent)
+        .unsigned_abs();
+    r.jitter_ns_x16 = r
+        .jitter_ns_x16
+        .wrapping_add(d)
+        .wrapping_sub((r.jitter_ns_x16 + 8) >> 4);
     r.last_arrival_ns = now;
     r.last_rtp_ts = ts;
 
@@ -150,12 +175,19 @@ pub fn rtp_update(r: &mut RtpState, h: &[u8; 12], now: u64, default_hz: u32) -> 
         if udelta > 1 {
             r.gaps += 1;
         }
-        r.window = if udelta >= 64 { 1 } else { (r.window << udelta) | 1 };
+        r.window = if udelta >= 64 {
+            1
+        } else {
+            (r.window << udelta) | 1
+        };
         r.max_seq = seq;
         r.received += 1;
     } else if udelta as u32 <= 65536 - RTP_MAX_MISORDER {
-        r.expected_prior += (r.cycles.wrapping_add(r.max_seq as u32).wrapping_sub(r.base_seq))
-            .wrapping_add(1) as u64;
+        r.expected_prior += (r
+            .cycles
+            .wrapping_add(r.max_seq as u32)
+            .wrapping_sub(r.base_seq))
+        .wrapping_add(1) as u64;
         r.cycles = 0;
         r.base_seq = seq as u32;
         r.max_seq = seq;
@@ -179,7 +211,10 @@ pub fn rtp_update(r: &mut RtpState, h: &[u8; 12], now: u64, default_hz: u32) -> 
 /// Packets the RTP stream should have delivered so far (RFC 3550 A.3), all runs included.
 pub fn rtp_expected(r: &RtpState) -> u64 {
     r.expected_prior
-        + (r.cycles.wrapping_add(r.max_seq as u32).wrapping_sub(r.base_seq)).wrapping_add(1) as u64
+        + (r.cycles
+            .wrapping_add(r.max_seq as u32)
+            .wrapping_sub(r.base_seq))
+        .wrapping_add(1) as u64
 }
 
 #[cfg(test)]
@@ -226,7 +261,12 @@ mod tests {
         for i in 0..200u64 {
             let send_ns = i * 10_000_000;
             let arrival = send_ns + if i % 2 == 0 { 0 } else { 1_000_000 };
-            rtp_update(&mut r, &rtp(i as u16, (i * 900) as u32, false), arrival, 90_000);
+            rtp_update(
+                &mut r,
+                &rtp(i as u16, (i * 900) as u32, false),
+                arrival,
+                90_000,
+            );
             if i >= 3 {
                 let transit = arrival as f64 - send_ns as f64;
                 if let Some(p) = prev_transit {

@@ -45,10 +45,15 @@ impl ProducerContext for Context_ {
 
     fn delivery(&self, result: &DeliveryResult<'_>, records: Self::DeliveryOpaque) {
         match result {
-            Ok(_) => self.stats.records_delivered.fetch_add(*records as u64, Ordering::Relaxed),
+            Ok(_) => self
+                .stats
+                .records_delivered
+                .fetch_add(*records as u64, Ordering::Relaxed),
             Err(_) => {
                 self.stats.messages_failed.fetch_add(1, Ordering::Relaxed);
-                self.stats.records_dropped.fetch_add(*records as u64, Ordering::Relaxed)
+                self.stats
+                    .records_dropped
+                    .fetch_add(*records as u64, Ordering::Relaxed)
             }
         };
     }
@@ -77,13 +82,25 @@ impl FlowProducer {
             .set("client.id", "cgloop-probe")
             .set("compression.type", "lz4")
             .set("linger.ms", "5")
-            .set("queue.buffering.max.kbytes", (cfg.buffer_bytes / 1024).max(1).to_string())
+            .set(
+                "queue.buffering.max.kbytes",
+                (cfg.buffer_bytes / 1024).max(1).to_string(),
+            )
             .set("queue.buffering.max.messages", "1000000")
-            .set("message.timeout.ms", cfg.message_timeout.as_millis().to_string())
+            .set(
+                "message.timeout.ms",
+                cfg.message_timeout.as_millis().to_string(),
+            )
             .set("log.connection.close", "false")
-            .create_with_context(Context_ { stats: stats.clone() })
+            .create_with_context(Context_ {
+                stats: stats.clone(),
+            })
             .with_context(|| format!("creating a Kafka producer for {}", cfg.bootstrap))?;
-        Ok(Self { producer, stats, message_timeout: cfg.message_timeout })
+        Ok(Self {
+            producer,
+            stats,
+            message_timeout: cfg.message_timeout,
+        })
     }
 
     /// Queues the records (never blocks); records that do not fit the buffer are counted dropped.
@@ -107,13 +124,29 @@ impl FlowProducer {
         let n = batch.records.len();
         let payload = batch.encode_to_vec();
         let headers = OwnedHeaders::new()
-            .insert(Header { key: "cgloop-type", value: Some("cgloop.v1.FlowRecordBatch") })
-            .insert(Header { key: "cgloop-schema-version", value: Some(&cgloop_proto::SCHEMA_VERSION.to_string()) });
-        let record = BaseRecord::with_opaque_to(TOPIC, Box::new(n)).key(key).payload(&payload).headers(headers);
-        self.stats.records_sent.fetch_add(n as u64, Ordering::Relaxed);
+            .insert(Header {
+                key: "cgloop-type",
+                value: Some("cgloop.v1.FlowRecordBatch"),
+            })
+            .insert(Header {
+                key: "cgloop-schema-version",
+                value: Some(&cgloop_proto::SCHEMA_VERSION.to_string()),
+            });
+        let record = BaseRecord::with_opaque_to(TOPIC, Box::new(n))
+            .key(key)
+            .payload(&payload)
+            .headers(headers);
+        self.stats
+            .records_sent
+            .fetch_add(n as u64, Ordering::Relaxed);
         if let Err((e, _)) = self.producer.send(record) {
-            self.stats.records_dropped.fetch_add(n as u64, Ordering::Relaxed);
-            if !matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) {
+            self.stats
+                .records_dropped
+                .fetch_add(n as u64, Ordering::Relaxed);
+            if !matches!(
+                e,
+                KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+            ) {
                 self.stats.messages_failed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -125,6 +158,8 @@ impl FlowProducer {
     }
 
     pub fn flush(&self, timeout: Duration) -> Result<()> {
-        self.producer.flush(timeout).context("flushing flow records to Kafka")
+        self.producer
+            .flush(timeout)
+            .context("flushing flow records to Kafka")
     }
 }

@@ -3,6 +3,8 @@
 //! Both write flow records as length-delimited `cgloop.v1.FlowRecordBatch` messages (one per
 //! sweep) to a file or stdout, and/or produce them to Kafka topic `cgloop.flows.v1`.
 mod account;
+#[cfg(test)]
+mod agreement;
 mod bpf_types;
 mod kafka;
 mod metrics;
@@ -31,7 +33,11 @@ use crate::kafka::{FlowProducer, KafkaConfig};
 use crate::sweep::SweepConfig;
 
 #[derive(Parser)]
-#[command(name = "cgloop-probe", version, about = "cgloop's XDP flow probe and its pcap twin")]
+#[command(
+    name = "cgloop-probe",
+    version,
+    about = "cgloop's XDP flow probe and its pcap twin"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -143,14 +149,19 @@ impl Sink {
                 message_timeout: Duration::from_secs(args.kafka_timeout_s),
             })?),
         };
-        Ok(Self { out, kafka, records: 0 })
+        Ok(Self {
+            out,
+            kafka,
+            records: 0,
+        })
     }
 
     pub fn emit(&mut self, records: Vec<FlowRecord>) -> Result<()> {
         self.records += records.len() as u64;
         if let Some(out) = &mut self.out {
             let batch = FlowRecordBatch { records };
-            out.write_all(&batch.encode_length_delimited_to_vec()).context("writing records")?;
+            out.write_all(&batch.encode_length_delimited_to_vec())
+                .context("writing records")?;
             if let Some(k) = &self.kafka {
                 k.send(batch.records);
             }
@@ -166,8 +177,13 @@ impl Sink {
         }
         if let Some(k) = &self.kafka {
             // Undelivered batches time out (and are counted dropped) within the message timeout.
-            if let Err(e) = k.flush(k.message_timeout.min(Duration::from_secs(30)) + Duration::from_secs(2)) {
-                eprintln!("cgloop-probe: warning: {e:#}; {} messages left undelivered", k.queue_depth());
+            if let Err(e) =
+                k.flush(k.message_timeout.min(Duration::from_secs(30)) + Duration::from_secs(2))
+            {
+                eprintln!(
+                    "cgloop-probe: warning: {e:#}; {} messages left undelivered",
+                    k.queue_depth()
+                );
             }
         }
         Ok(())
@@ -181,7 +197,11 @@ fn run_pcap(args: PcapArgs) -> Result<()> {
         "egress" => bpf_types::DIR_EGRESS,
         other => anyhow::bail!("--direction {other:?}: expected unspecified, ingress or egress"),
     };
-    let name = args.file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = args
+        .file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let cfg = pcap::PcapConfig {
         account: args.flow.account(),
         sweep: args.flow.sweep(format!("pcap/{name}")),
@@ -195,12 +215,21 @@ fn run_pcap(args: PcapArgs) -> Result<()> {
     for (name, value) in bpf_types::STAT_NAMES.iter().zip(summary.stats) {
         stats.insert((*name).into(), value.into());
     }
-    stats.insert("unsupported_link_frames".into(), summary.unsupported_link_frames.into());
+    stats.insert(
+        "unsupported_link_frames".into(),
+        summary.unsupported_link_frames.into(),
+    );
     stats.insert("records".into(), summary.records.into());
     if let Some(k) = &sink.kafka {
         use std::sync::atomic::Ordering::Relaxed;
-        stats.insert("kafka_records_delivered".into(), k.stats.records_delivered.load(Relaxed).into());
-        stats.insert("kafka_records_dropped".into(), k.stats.records_dropped.load(Relaxed).into());
+        stats.insert(
+            "kafka_records_delivered".into(),
+            k.stats.records_delivered.load(Relaxed).into(),
+        );
+        stats.insert(
+            "kafka_records_dropped".into(),
+            k.stats.records_dropped.load(Relaxed).into(),
+        );
     }
     eprintln!("{}", serde_json::Value::Object(stats));
     Ok(())

@@ -57,17 +57,61 @@ impl Metrics {
         let r = &mut m.registry;
         r.register("records", "Flow records exported", m.records.clone());
         r.register("sweeps", "Flow-table sweeps", m.sweeps.clone());
-        r.register("sweep_duration_seconds", "Time of one sweep", m.sweep_seconds.clone());
-        r.register("flows_live", "Flows in the table at the last sweep", m.flows_live.clone());
-        r.register("flow_table_capacity", "Flow table size (--max-flows)", m.flow_capacity.clone());
-        r.register("flow_table_fill_ratio", "flows_live / capacity", m.flow_fill.clone());
-        r.register("evictions", "Flows the LRU table evicted before export", m.evictions.clone());
-        r.register("expired_flows", "Flows ended by idle timeout", m.expired.clone());
-        r.register("packets", "Packets seen by the BPF programs, by fate", m.packets.clone());
-        r.register("parse_failures", "Packets not accounted, by reason", m.parse_failures.clone());
-        r.register("kafka_queue_depth", "Messages waiting for the broker", m.kafka_queue.clone());
-        r.register("kafka_records_dropped", "Records dropped (buffer full/timeout)", m.kafka_dropped.clone());
-        r.register("kafka_records_delivered", "Records acknowledged by Kafka", m.kafka_delivered.clone());
+        r.register(
+            "sweep_duration_seconds",
+            "Time of one sweep",
+            m.sweep_seconds.clone(),
+        );
+        r.register(
+            "flows_live",
+            "Flows in the table at the last sweep",
+            m.flows_live.clone(),
+        );
+        r.register(
+            "flow_table_capacity",
+            "Flow table size (--max-flows)",
+            m.flow_capacity.clone(),
+        );
+        r.register(
+            "flow_table_fill_ratio",
+            "flows_live / capacity",
+            m.flow_fill.clone(),
+        );
+        r.register(
+            "evictions",
+            "Flows the LRU table evicted before export",
+            m.evictions.clone(),
+        );
+        r.register(
+            "expired_flows",
+            "Flows ended by idle timeout",
+            m.expired.clone(),
+        );
+        r.register(
+            "packets",
+            "Packets seen by the BPF programs, by fate",
+            m.packets.clone(),
+        );
+        r.register(
+            "parse_failures",
+            "Packets not accounted, by reason",
+            m.parse_failures.clone(),
+        );
+        r.register(
+            "kafka_queue_depth",
+            "Messages waiting for the broker",
+            m.kafka_queue.clone(),
+        );
+        r.register(
+            "kafka_records_dropped",
+            "Records dropped (buffer full/timeout)",
+            m.kafka_dropped.clone(),
+        );
+        r.register(
+            "kafka_records_delivered",
+            "Records acknowledged by Kafka",
+            m.kafka_delivered.clone(),
+        );
         m
     }
 
@@ -79,16 +123,27 @@ impl Metrics {
             if d == 0 {
                 continue;
             }
-            let family = if i >= FIRST_ERROR_STAT { &self.parse_failures } else { &self.packets };
-            let label = if i >= FIRST_ERROR_STAT { "reason" } else { "fate" };
-            family.get_or_create(&vec![(label.into(), (*name).into())]).inc_by(d);
+            let family = if i >= FIRST_ERROR_STAT {
+                &self.parse_failures
+            } else {
+                &self.packets
+            };
+            let label = if i >= FIRST_ERROR_STAT {
+                "reason"
+            } else {
+                "fate"
+            };
+            family
+                .get_or_create(&vec![(label.into(), (*name).into())])
+                .inc_by(d);
         }
         last.0 = *stats;
     }
 
     pub fn observe_kafka(&self, delivered: u64, dropped: u64, queue: i64) {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        self.kafka_delivered.inc_by(delivered.saturating_sub(last.1));
+        self.kafka_delivered
+            .inc_by(delivered.saturating_sub(last.1));
         self.kafka_dropped.inc_by(dropped.saturating_sub(last.2));
         last.1 = last.1.max(delivered);
         last.2 = last.2.max(dropped);
@@ -97,24 +152,29 @@ impl Metrics {
 
     /// Serves the registry on `addr` from a background thread.
     pub fn serve(self: &Arc<Self>, addr: SocketAddr) -> Result<SocketAddr> {
-        let server = tiny_http::Server::http(addr).map_err(|e| anyhow!("metrics endpoint {addr}: {e}"))?;
+        let server =
+            tiny_http::Server::http(addr).map_err(|e| anyhow!("metrics endpoint {addr}: {e}"))?;
         let bound = server.server_addr().to_ip().unwrap_or(addr);
         let me = Arc::clone(self);
-        thread::Builder::new().name("metrics".into()).spawn(move || {
-            for request in server.incoming_requests() {
-                let mut body = String::new();
-                let response = if request.url() == "/metrics" && encode(&mut body, &me.registry).is_ok() {
-                    tiny_http::Response::from_string(body).with_header(
+        thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for request in server.incoming_requests() {
+                    let mut body = String::new();
+                    let response =
+                        if request.url() == "/metrics" && encode(&mut body, &me.registry).is_ok() {
+                            tiny_http::Response::from_string(body).with_header(
                         "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"
                             .parse::<tiny_http::Header>()
                             .expect("static header"),
                     )
-                } else {
-                    tiny_http::Response::from_string("not found: try /metrics\n").with_status_code(404)
-                };
-                let _ = request.respond(response);
-            }
-        })?;
+                        } else {
+                            tiny_http::Response::from_string("not found: try /metrics\n")
+                                .with_status_code(404)
+                        };
+                    let _ = request.respond(response);
+                }
+            })?;
         Ok(bound)
     }
 }

@@ -205,7 +205,13 @@ pub fn parse_ip(proto: u16, d: &[u8], l3_avail: u32) -> Result<PacketInfo, Skip>
         }
         _ => {}
     }
-    Ok(PacketInfo { key, l3_len, tos, tcp_flags, rtp })
+    Ok(PacketInfo {
+        key,
+        l3_len,
+        tos,
+        tcp_flags,
+        rtp,
+    })
 }
 
 #[cfg(test)]
@@ -236,7 +242,10 @@ mod tests {
     fn udp_with_rtp_header() {
         let f = udp4(&[0x80; 20], 0x01);
         let p = parse_ethernet(&f, f.len() as u32).unwrap();
-        assert_eq!((p.key.src_port, p.key.dst_port, p.key.ip_proto), (5004, 6000, 17));
+        assert_eq!(
+            (p.key.src_port, p.key.dst_port, p.key.ip_proto),
+            (5004, 6000, 17)
+        );
         assert_eq!(p.l3_len, 48);
         assert_eq!(p.tos & 3, 1);
         assert!(p.rtp.is_some());
@@ -253,20 +262,41 @@ mod tests {
 
     #[test]
     fn malformed_frames_name_their_reason() {
-        assert_eq!(parse_ethernet(&[0; 10], 10).unwrap_err(), Skip(stat::ETH_TRUNCATED));
+        assert_eq!(
+            parse_ethernet(&[0; 10], 10).unwrap_err(),
+            Skip(stat::ETH_TRUNCATED)
+        );
         let mut f = udp4(&[], 0);
         f[14] = 0x44; // IHL 4
-        assert_eq!(parse_ethernet(&f, f.len() as u32).unwrap_err(), Skip(stat::IPV4_BAD_IHL));
+        assert_eq!(
+            parse_ethernet(&f, f.len() as u32).unwrap_err(),
+            Skip(stat::IPV4_BAD_IHL)
+        );
         let mut f = udp4(&[], 0);
         f[38..40].copy_from_slice(&0u16.to_be_bytes()); // UDP length 0
-        assert_eq!(parse_ethernet(&f, f.len() as u32).unwrap_err(), Skip(stat::UDP_BAD_LENGTH));
+        assert_eq!(
+            parse_ethernet(&f, f.len() as u32).unwrap_err(),
+            Skip(stat::UDP_BAD_LENGTH)
+        );
         let mut f = udp4(&[], 0);
         f[20..22].copy_from_slice(&0x0010u16.to_be_bytes()); // fragment offset 16
-        assert_eq!(parse_ethernet(&f, f.len() as u32).unwrap_err(), Skip(stat::FRAGMENT));
+        assert_eq!(
+            parse_ethernet(&f, f.len() as u32).unwrap_err(),
+            Skip(stat::FRAGMENT)
+        );
         let f = udp4(&[], 0);
-        assert_eq!(parse_ethernet(&f[..40], 40).unwrap_err(), Skip(stat::IP_BAD_LENGTH));
-        assert_eq!(parse_ethernet(&f[..30], f.len() as u32).unwrap_err(), Skip(stat::IPV4_TRUNCATED));
-        assert_eq!(parse_ethernet(&eth(0x0806), 60).unwrap_err(), Skip(stat::NON_IP));
+        assert_eq!(
+            parse_ethernet(&f[..40], 40).unwrap_err(),
+            Skip(stat::IP_BAD_LENGTH)
+        );
+        assert_eq!(
+            parse_ethernet(&f[..30], f.len() as u32).unwrap_err(),
+            Skip(stat::IPV4_TRUNCATED)
+        );
+        assert_eq!(
+            parse_ethernet(&eth(0x0806), 60).unwrap_err(),
+            Skip(stat::NON_IP)
+        );
     }
 
     #[test]
@@ -284,7 +314,10 @@ mod tests {
         f.extend_from_slice(&[0, 1, 0, 2, 0, 8, 0, 0]);
         let p = parse_ethernet(&f, f.len() as u32).unwrap();
         assert_eq!((p.key.vlan_id, p.key.ip_proto, p.key.family), (42, 17, 6));
-        assert_eq!((p.key.src_port, p.key.dst_port, p.l3_len, p.tos), (1, 2, 64, 0x01));
+        assert_eq!(
+            (p.key.src_port, p.key.dst_port, p.l3_len, p.tos),
+            (1, 2, 64, 0x01)
+        );
         // Seven chained extension headers: more than the parser walks.
         let mut f = eth(ETH_P_IPV6);
         f.extend_from_slice(&[0x60, 0, 0, 0]);
@@ -294,6 +327,9 @@ mod tests {
         for _ in 0..7 {
             f.extend_from_slice(&[60, 0, 0, 0, 0, 0, 0, 0]);
         }
-        assert_eq!(parse_ethernet(&f, f.len() as u32).unwrap_err(), Skip(stat::IPV6_EXT_TOO_DEEP));
+        assert_eq!(
+            parse_ethernet(&f, f.len() as u32).unwrap_err(),
+            Skip(stat::IPV6_EXT_TOO_DEEP)
+        );
     }
 }

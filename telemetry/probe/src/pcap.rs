@@ -62,7 +62,12 @@ impl<'a> Twin<'a> {
         }
     }
 
-    fn sweep(&mut self, now: u64, finish: bool, sink: &mut dyn FnMut(Vec<FlowRecord>) -> Result<()>) -> Result<()> {
+    fn sweep(
+        &mut self,
+        now: u64,
+        finish: bool,
+        sink: &mut dyn FnMut(Vec<FlowRecord>) -> Result<()>,
+    ) -> Result<()> {
         // Table order (HashMap) is random per process: sort so a capture always gives the same
         // records with the same sequence numbers.
         let mut entries: Vec<_> = self.table.iter().map(|(k, e)| (*k, *e)).collect();
@@ -151,10 +156,14 @@ fn parse_frame(link: DataLink, data: &[u8], wire_len: u32) -> Option<Result<Pack
 fn open(path: &Path) -> Result<Box<dyn Read>> {
     let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut magic = [0u8; 2];
-    let n = file.read(&mut magic).with_context(|| format!("reading {}", path.display()))?;
+    let n = file
+        .read(&mut magic)
+        .with_context(|| format!("reading {}", path.display()))?;
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     if n == 2 && magic == [0x1f, 0x8b] {
-        Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(BufReader::new(file)))))
+        Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(
+            BufReader::new(file),
+        ))))
     } else {
         Ok(Box::new(BufReader::new(file)))
     }
@@ -183,12 +192,15 @@ pub fn run(
 ) -> Result<PcapSummary> {
     let mut input = open(path)?;
     let mut head = [0u8; 4];
-    input.read_exact(&mut head).with_context(|| format!("{}: too short for a capture", path.display()))?;
+    input
+        .read_exact(&mut head)
+        .with_context(|| format!("{}: too short for a capture", path.display()))?;
     let input = std::io::Cursor::new(head).chain(input);
     let mut twin = Twin::new(cfg);
     let name = path.display();
     if head == [0x0a, 0x0d, 0x0d, 0x0a] {
-        let mut reader = PcapNgReader::new(input).with_context(|| format!("{name}: bad pcapng header"))?;
+        let mut reader =
+            PcapNgReader::new(input).with_context(|| format!("{name}: bad pcapng header"))?;
         // (link type, tsresol) of each interface, in order of appearance.
         let mut ifaces: Vec<(DataLink, u8)> = Vec::new();
         while let Some(block) = reader.next_block() {
@@ -214,11 +226,15 @@ pub fn run(
                     (iface, ts, epb.original_len, epb.data.into_owned())
                 }
                 // Simple packets carry no time: they share the previous packet's.
-                Block::SimplePacket(spb) => (0, twin.last_ts, spb.original_len, spb.data.into_owned()),
+                Block::SimplePacket(spb) => {
+                    (0, twin.last_ts, spb.original_len, spb.data.into_owned())
+                }
                 _ => continue,
             };
             let Some(&(link, _)) = ifaces.get(iface) else {
-                bail!("{name}: packet refers to interface {iface}, which the capture never described");
+                bail!(
+                    "{name}: packet refers to interface {iface}, which the capture never described"
+                );
             };
             match parse_frame(link, &data, wire_len) {
                 Some(parsed) => twin.packet(ts, parsed, sink)?,
@@ -226,7 +242,8 @@ pub fn run(
             }
         }
     } else {
-        let mut reader = PcapReader::new(input).with_context(|| format!("{name}: not a pcap or pcapng file"))?;
+        let mut reader =
+            PcapReader::new(input).with_context(|| format!("{name}: not a pcap or pcapng file"))?;
         let header = reader.header();
         let link = header.datalink;
         let frac_ns = match header.ts_resolution {

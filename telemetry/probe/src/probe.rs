@@ -90,7 +90,8 @@ fn preflight(ifaces: &[String]) -> Result<Vec<(String, u32)>> {
     ifaces
         .iter()
         .map(|name| {
-            let c = CString::new(name.as_str()).with_context(|| format!("interface name {name:?}"))?;
+            let c =
+                CString::new(name.as_str()).with_context(|| format!("interface name {name:?}"))?;
             let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
             if idx == 0 {
                 bail!("interface {name:?} not found in this network namespace (see `ip link`)");
@@ -101,7 +102,10 @@ fn preflight(ifaces: &[String]) -> Result<Vec<(String, u32)>> {
 }
 
 fn clock_ns(clock: libc::clockid_t) -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
@@ -149,8 +153,18 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
         return Ok(());
     }
     let fstype = CString::new("bpf").expect("static");
-    if unsafe { libc::mount(fstype.as_ptr(), c.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("mounting bpffs at /sys/fs/bpf for the map pins");
+    if unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            c.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error())
+            .context("mounting bpffs at /sys/fs/bpf for the map pins");
     }
     eprintln!("cgloop-probe: mounted bpffs at /sys/fs/bpf");
     Ok(())
@@ -183,7 +197,9 @@ fn parse_functions(specs: &[String], ifaces: &[(String, u32)]) -> Result<Vec<(u3
         for ifname in list.split(',').filter(|s| !s.is_empty()) {
             let idx = match ifaces.iter().find(|(n, _)| n == ifname) {
                 Some((_, idx)) => *idx,
-                None => bail!("--function {name}: interface {ifname:?} is not one of the --iface interfaces"),
+                None => bail!(
+                    "--function {name}: interface {ifname:?} is not one of the --iface interfaces"
+                ),
             };
             out.push((idx, i as u32 + 1));
         }
@@ -197,7 +213,8 @@ const IF_STATE_FN: usize = 48;
 const _: () = assert!(std::mem::size_of::<crate::skel::types::if_state>() == IF_STATE_SIZE);
 
 fn le_u64(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8).map_or(0, |s| u64::from_ne_bytes(s.try_into().unwrap_or([0; 8])))
+    b.get(at..at + 8)
+        .map_or(0, |s| u64::from_ne_bytes(s.try_into().unwrap_or([0; 8])))
 }
 
 /// probe_stats summed over CPUs; packets seen come from if_stats (rx + tx of every interface)
@@ -213,7 +230,10 @@ fn sum_stats(skel: &FlowProbeSkel<'_>) -> [u64; STAT_NAMES.len()] {
     let mut seen = 0u64;
     for key in skel.maps.if_stats.keys() {
         if let Ok(Some(per_cpu)) = skel.maps.if_stats.lookup_percpu(&key, MapFlags::ANY) {
-            seen += per_cpu.iter().map(|v| le_u64(v, 0) + le_u64(v, 16)).sum::<u64>();
+            seen += per_cpu
+                .iter()
+                .map(|v| le_u64(v, 0) + le_u64(v, 16))
+                .sum::<u64>();
         }
     }
     let skipped: u64 = out[FIRST_ERROR_STAT..].iter().sum::<u64>() + out[STAT_NON_IP];
@@ -227,27 +247,43 @@ pub fn run(args: RunArgs) -> Result<()> {
     let functions = parse_functions(&args.functions, &ifaces)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
     }
 
     let mut storage = MaybeUninit::uninit();
-    let mut open = FlowProbeSkelBuilder::default().open(&mut storage).context("opening the BPF object")?;
+    let mut open = FlowProbeSkelBuilder::default()
+        .open(&mut storage)
+        .context("opening the BPF object")?;
     let acct = args.flow.account();
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.burst_gap_ns = acct.burst_gap_ns;
         ro.rtp_default_clock_hz = acct.rtp_default_clock_hz;
         ro.rtp_enabled = acct.rtp_enabled as u8;
     }
-    open.maps.flows.set_max_entries(args.max_flows).context("sizing the flow table")?;
+    open.maps
+        .flows
+        .set_max_entries(args.max_flows)
+        .context("sizing the flow table")?;
     if args.no_egress {
         open.progs.cgloop_tc_egress.set_autoload(false);
     }
-    let mut skel = open.load().context("loading the BPF programs (verifier log above)")?;
+    let mut skel = open
+        .load()
+        .context("loading the BPF programs (verifier log above)")?;
 
     ensure_bpffs(&args.pin_dir)?;
-    fs::create_dir_all(&args.pin_dir)
-        .with_context(|| format!("creating {} (is bpffs mounted at /sys/fs/bpf?)", args.pin_dir.display()))?;
-    let mut att = Attachments { xdp: Vec::new(), tc: Vec::new(), pins: Vec::new() };
+    fs::create_dir_all(&args.pin_dir).with_context(|| {
+        format!(
+            "creating {} (is bpffs mounted at /sys/fs/bpf?)",
+            args.pin_dir.display()
+        )
+    })?;
+    let mut att = Attachments {
+        xdp: Vec::new(),
+        tc: Vec::new(),
+        pins: Vec::new(),
+    };
     {
         let maps = &mut skel.maps;
         for (name, map) in [
@@ -259,7 +295,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         ] {
             let path = args.pin_dir.join(name);
             let _ = fs::remove_file(&path); // a stale pin of a previous run
-            map.pin(&path).with_context(|| format!("pinning {}", path.display()))?;
+            map.pin(&path)
+                .with_context(|| format!("pinning {}", path.display()))?;
             att.pins.push(path);
         }
     }
@@ -272,7 +309,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Per-interface state carries the function index, so the programs need one lookup.
     let cpus = libbpf_rs::num_possible_cpus().context("counting CPUs")?;
     for (_, ifindex) in &ifaces {
-        let fn_idx = functions.iter().find(|(i, _)| i == ifindex).map_or(0, |(_, f)| *f);
+        let fn_idx = functions
+            .iter()
+            .find(|(i, _)| i == ifindex)
+            .map_or(0, |(_, f)| *f);
         let mut value = vec![0u8; IF_STATE_SIZE];
         value[IF_STATE_FN..IF_STATE_FN + 4].copy_from_slice(&fn_idx.to_ne_bytes());
         skel.maps
@@ -282,13 +322,20 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
 
     // SAFETY of 'static: the programs outlive `att`, which is dropped before `skel` below.
-    let xdp_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&skel.progs.cgloop_xdp_ingress.as_fd())) };
+    let xdp_fd = unsafe {
+        std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(
+            &skel.progs.cgloop_xdp_ingress.as_fd(),
+        ))
+    };
     for (name, ifindex) in &ifaces {
         let xdp = Xdp::new(xdp_fd);
         let idx = *ifindex as i32;
         let native = (XdpFlags::DRV_MODE | XdpFlags::UPDATE_IF_NOEXIST).bits();
         let generic = (XdpFlags::SKB_MODE | XdpFlags::UPDATE_IF_NOEXIST).bits();
-        let attach = |bits: u32| xdp.attach(idx, XdpFlags::from_bits_truncate(bits)).map(|_| bits);
+        let attach = |bits: u32| {
+            xdp.attach(idx, XdpFlags::from_bits_truncate(bits))
+                .map(|_| bits)
+        };
         let flags = match args.xdp_mode.as_str() {
             "native" => attach(native),
             "generic" => attach(generic),
@@ -308,7 +355,9 @@ pub fn run(args: RunArgs) -> Result<()> {
                 .handle(0xc91)
                 .priority(1)
                 .hook(TC_EGRESS);
-            let hook = hook.attach().with_context(|| format!("attaching tc egress to {name}"))?;
+            let hook = hook
+                .attach()
+                .with_context(|| format!("attaching tc egress to {name}"))?;
             att.tc.push((hook, created));
         }
     }
@@ -328,13 +377,19 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     eprintln!(
         "cgloop-probe: observing {} (pins in {}), sweeping every {} ms",
-        ifaces.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", "),
+        ifaces
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
         args.pin_dir.display(),
         args.interval_ms
     );
 
     let interval = Duration::from_millis(args.interval_ms);
-    let deadline = args.duration_s.map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let deadline = args
+        .duration_s
+        .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut deleted_total: u64 = 0;
     let mut next = Instant::now() + interval;
     loop {
@@ -353,7 +408,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         metrics.evictions.inc_by(evicted.saturating_sub(seen));
         metrics.observe_stats(&stats);
         metrics.flows_live.set(swept.live as i64);
-        metrics.flow_fill.set(swept.live as f64 / args.max_flows.max(1) as f64);
+        metrics
+            .flow_fill
+            .set(swept.live as f64 / args.max_flows.max(1) as f64);
         metrics.records.inc_by(swept.records.len() as u64);
         sink.emit(swept.records)?;
         if let Some(k) = &sink.kafka {
@@ -365,7 +422,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             );
         }
         metrics.sweeps.inc();
-        metrics.sweep_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .sweep_seconds
+            .observe(started.elapsed().as_secs_f64());
         if finish {
             break;
         }
@@ -388,8 +447,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         .collect();
     if let Some(k) = &sink.kafka {
         let s = &k.stats;
-        summary.insert("kafka_records_delivered".into(), s.records_delivered.load(Ordering::Relaxed).into());
-        summary.insert("kafka_records_dropped".into(), s.records_dropped.load(Ordering::Relaxed).into());
+        summary.insert(
+            "kafka_records_delivered".into(),
+            s.records_delivered.load(Ordering::Relaxed).into(),
+        );
+        summary.insert(
+            "kafka_records_dropped".into(),
+            s.records_dropped.load(Ordering::Relaxed).into(),
+        );
     }
     eprintln!("{}", serde_json::Value::Object(summary));
     drop(att);
@@ -420,8 +485,14 @@ fn bump_epoch(skel: &mut FlowProbeSkel<'_>) -> u32 {
 }
 
 fn read_flows(skel: &FlowProbeSkel<'_>) -> Result<Vec<(FlowKey, FlowValue)>> {
-    let iter = skel.maps.flows.lookup_batch(BATCH, MapFlags::ANY, MapFlags::ANY).context("reading the flow table")?;
-    Ok(iter.filter_map(|(k, v)| Some((key_from(&k)?, value_from(&v)?))).collect())
+    let iter = skel
+        .maps
+        .flows
+        .lookup_batch(BATCH, MapFlags::ANY, MapFlags::ANY)
+        .context("reading the flow table")?;
+    Ok(iter
+        .filter_map(|(k, v)| Some((key_from(&k)?, value_from(&v)?)))
+        .collect())
 }
 
 /// Deletes expired flows in batches; falls back to one by one when a key is already gone.
@@ -429,12 +500,19 @@ fn delete_flows(skel: &FlowProbeSkel<'_>, keys: &[[u8; KEY_SIZE]]) -> u64 {
     let mut deleted = 0;
     for chunk in keys.chunks(BATCH as usize) {
         let flat: Vec<u8> = chunk.iter().flatten().copied().collect();
-        if skel.maps.flows.delete_batch(&flat, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY).is_ok() {
+        if skel
+            .maps
+            .flows
+            .delete_batch(&flat, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY)
+            .is_ok()
+        {
             deleted += chunk.len() as u64;
         } else {
-            deleted += chunk.iter().filter(|k| skel.maps.flows.delete(&k[..]).is_ok()).count() as u64;
+            deleted += chunk
+                .iter()
+                .filter(|k| skel.maps.flows.delete(&k[..]).is_ok())
+                .count() as u64;
         }
     }
     deleted
 }
-

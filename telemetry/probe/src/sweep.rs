@@ -63,8 +63,11 @@ fn delta(now: u64, before: u64) -> u64 {
 }
 
 fn histogram<const N: usize>(now: &[u32; N], before: &[u32; N]) -> Option<Log2Histogram> {
-    let mut buckets: Vec<u64> =
-        now.iter().zip(before).map(|(a, b)| a.wrapping_sub(*b) as u64).collect();
+    let mut buckets: Vec<u64> = now
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.wrapping_sub(*b) as u64)
+        .collect();
     while buckets.last() == Some(&0) {
         buckets.pop();
     }
@@ -258,7 +261,9 @@ mod tests {
         f.extend_from_slice(&0x0800u16.to_be_bytes());
         f.extend_from_slice(&[0x45, tos]);
         f.extend_from_slice(&((28 + len) as u16).to_be_bytes());
-        f.extend_from_slice(&[0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2, 0x13, 0x8c]);
+        f.extend_from_slice(&[
+            0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2, 0x13, 0x8c,
+        ]);
         f.extend_from_slice(&[0x17, 0x70]);
         f.extend_from_slice(&((8 + len) as u16).to_be_bytes());
         f.extend_from_slice(&[0, 0]);
@@ -286,13 +291,30 @@ mod tests {
         epoch += 1;
         assert_eq!(s.records.len(), 1);
         let r = &s.records[0];
-        assert_eq!((r.packets, r.bytes, r.size_min_bytes, r.size_max_bytes), (2, 356, 128, 228));
-        assert_eq!((r.ecn_ect1_packets, r.ecn_ce_packets, r.burst_count, r.max_burst_packets), (1, 1, 1, 2));
+        assert_eq!(
+            (r.packets, r.bytes, r.size_min_bytes, r.size_max_bytes),
+            (2, 356, 128, 228)
+        );
+        assert_eq!(
+            (
+                r.ecn_ect1_packets,
+                r.ecn_ce_packets,
+                r.burst_count,
+                r.max_burst_packets
+            ),
+            (1, 1, 1, 2)
+        );
         feed(&mut table, 150_000_000, 0, 10, epoch);
         let s = sweeper.sweep(200_000_000, epoch, table.values().copied(), false);
         let r = &s.records[0];
-        assert_eq!((r.packets, r.bytes, r.size_min_bytes, r.size_max_bytes), (1, 38, 38, 38));
-        assert_eq!((r.ecn_not_ect_packets, r.max_burst_packets, r.is_final), (1, 1, false));
+        assert_eq!(
+            (r.packets, r.bytes, r.size_min_bytes, r.size_max_bytes),
+            (1, 38, 38, 38)
+        );
+        assert_eq!(
+            (r.ecn_not_ect_packets, r.max_burst_packets, r.is_final),
+            (1, 1, false)
+        );
         assert_eq!(r.interval_start_ns, 100_000_000);
         // Idle for 10 s: one final record without packets, and the flow leaves the table.
         let s = sweeper.sweep(10_200_000_000, epoch + 1, table.values().copied(), false);
