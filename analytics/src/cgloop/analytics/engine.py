@@ -100,7 +100,15 @@ class AnalyticsEngine:
         proba = self.model.predict_proba(X)
         classes = self.model.classes_
         plat, plat_p = self.model.predict_platform(X)
-        scores = self.model.anomaly_score(X) if self.cfg.anomaly else None
+        # IsolationForest once per conversation (on its first check), not on every re-check
+        first = np.array([uniq[k].anomaly_checked_ns == 0 for k in keys])
+        scores = None
+        if self.cfg.anomaly and first.any():
+            scores = np.zeros(len(keys))
+            scores[first] = self.model.anomaly_score(X[first])
+            for k, is_first in zip(keys, first, strict=True):
+                if is_first:
+                    uniq[k].anomaly_checked_ns = uniq[k].last_ns
         out = []
         for i, k in enumerate(keys):
             conv = uniq[k]

@@ -79,7 +79,7 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(
         self,
-        n_estimators: int = 150,
+        n_estimators: int = 80,
         max_depth: int | None = 14,
         min_samples_leaf: int = 2,
         random_state: int = 0,

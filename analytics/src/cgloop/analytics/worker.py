@@ -44,6 +44,8 @@ class WorkerStats:
     suppressed: int = 0
     # seconds from a message's arrival at the worker to its detections acknowledged by Kafka
     latencies_s: list[float] = field(default_factory=list)
+    # seconds from arrival to detections handed to the producer (before the broker's ack)
+    handled_s: list[float] = field(default_factory=list)
     # seconds from the record's Kafka timestamp (producer send) to its detections being sent
     end_to_end_s: list[float] = field(default_factory=list)
 
@@ -94,13 +96,19 @@ class Worker:
         topics: tuple[str, ...] = INPUT_TOPICS,
         evict_every_s: float = 5.0,
         keep_latencies: int = 200_000,
+        commit_every_s: float = 0.5,
     ) -> None:
         self.engine = engine
         self.bootstrap = bootstrap
         ensure_topics(bootstrap)
         self.consumer = BatchConsumer(bootstrap, group_id, topics,
                                       source_id=f"analytics/{group_id}")
-        self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections")
+        # detections are latency-critical: no linger
+        self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections",
+                                      **{"linger.ms": 0})
+        self.commit_every_s = commit_every_s
+        self._pending = None  # last handled message not yet committed
+        self._last_commit = time.monotonic()
         self.state = StateFile(state_path)
         self.stats = WorkerStats()
         self.evict_every_s = evict_every_s
@@ -132,6 +140,8 @@ class Worker:
             self.engine.evict()
             self._last_evict = now
         if item is None:
+            if self._pending is not None:
+                self._commit()  # idle: nothing is worth leaving uncommitted
             return False
         t, batch, msg = item
         arrived = time.perf_counter()
@@ -154,20 +164,33 @@ class Worker:
                 by_key.setdefault(_key(d), []).append(d)
             for k, ds in by_key.items():
                 self.producer.send(OUTPUT_TOPIC, DetectionBatch(records=ds), key=k)
+            queued = time.perf_counter()
             self.producer.flush()
             sent = time.perf_counter()  # acknowledged by the broker
             self.stats.detections += len(fresh)
             self.state.offsets[tp] = msg.offset()
             self.state.save()  # before the commit: a replay of this message is recognised
         else:
-            sent = time.perf_counter()
+            sent = queued = time.perf_counter()
         if len(self.stats.latencies_s) < self.keep_latencies:
             self.stats.latencies_s.append(sent - arrived)
+            self.stats.handled_s.append(queued - arrived)
             ts_type, ts_ms = msg.timestamp()
             if ts_type and ts_ms > 0:
                 self.stats.end_to_end_s.append(max(0.0, time.time() - ts_ms / 1000))
-        self.consumer.commit(msg)
+        # A synchronous commit costs a broker round trip: commit at once after detections,
+        # otherwise at most every commit_every_s. A crash replays at most that much input,
+        # which the state file's offsets and the suppressor keep from re-alerting.
+        self._pending = msg
+        if fresh or time.monotonic() - self._last_commit >= self.commit_every_s:
+            self._commit()
         return True
+
+    def _commit(self) -> None:
+        if self._pending is not None:
+            self.consumer.commit(self._pending)
+            self._pending = None
+        self._last_commit = time.monotonic()
 
     def run(self, max_idle_s: float | None = None, install_signals: bool = True) -> WorkerStats:
         if install_signals:
@@ -183,6 +206,7 @@ class Worker:
         return self.stats
 
     def close(self) -> None:
+        self._commit()
         self.state.save()
         self.consumer.close()
         self.producer.flush()
