@@ -202,7 +202,9 @@ impl State {
                 end += 1;
             }
         }
-        let hops = &buf[start..end];
+        // Longer paths than MAX_HOPS keep their newest MAX_HOPS hops (found by fuzzing: a full
+        // 16-hop stack plus the reporter's own metadata).
+        let hops = &buf[start.max(end.saturating_sub(MAX_HOPS))..end];
         self.queue_events(r, hops, now_ns, out);
         let Some(flow) = r.inner.flow else { return };
         if r.dropped {

@@ -182,3 +182,17 @@ fn generator_round_trips_every_field_through_the_parser() {
         }
     }
 }
+
+#[test]
+fn paths_longer_than_the_state_keep_their_newest_hops() {
+    // Regression (cargo-fuzz, state_ingest): 17 stacked hops + the sink's own metadata.
+    let recs = run(GenConfig { flows: 1, hops: 18, ..GenConfig::default() }, 5);
+    let path = recs
+        .iter()
+        .find_map(|(_, r)| match &r.record {
+            Some(Record::Flow(f)) => Some(f.path_switch_ids.clone()),
+            _ => None,
+        })
+        .expect("a flow record");
+    assert_eq!(path, (3..=18).collect::<Vec<u32>>());
+}
