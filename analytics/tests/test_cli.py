@@ -1,0 +1,34 @@
+"""The analytics commands, run as a user would."""
+
+from __future__ import annotations
+
+from .conftest import need_data
+
+
+def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
+    need_data("xbox-cloud-gaming")
+    out = tmp_path / "report"
+    res = run_cgloop("evaluate", "--out-dir", str(out), "--max-background", "10",
+                     "--synthetic", "1", "--folds", "3")
+    assert res.returncode == 0, res.stderr
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3  # plots embedded, no external files needed
+    for name in ("confusion_matrix", "precision_recall", "time_to_decision_cdf"):
+        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Small data" in html and "Game streams only" in html
+    assert (out / "metrics.json").exists()
+
+
+def test_pcap_command_rejects_a_non_capture(run_cgloop, tmp_path):
+    bad = tmp_path / "x.pcap"
+    bad.write_bytes(b"\x00" * 64)
+    res = run_cgloop("analytics", "pcap", str(bad))
+    assert res.returncode == 2
+    assert "not a pcap" in " ".join(res.stderr.split())
+
+
+def test_model_info_refuses_a_non_model(run_cgloop, tmp_path):
+    bad = tmp_path / "m.skops"
+    bad.write_bytes(b"not a zip")
+    res = run_cgloop("analytics", "model-info", str(bad))
+    assert res.returncode == 1 and "not a readable model" in " ".join(res.stderr.split())

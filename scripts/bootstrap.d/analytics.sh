@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# analytics: train the gaming-flow classifier once, so `cgloop analytics run` has a model.
+# Idempotent: does nothing when a model file exists and verifies (hash, format, features).
+# Skips quietly when the real data folder (../shared/data) is not on this machine.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export PATH="$HOME/.local/bin:$PATH"
+model="${CGLOOP_STATE_DIR:-.state}/analytics/flow-classifier.skops"
+if [ -f "$model" ] && uv run --quiet cgloop analytics model-info "$model" >/dev/null 2>&1; then
+  exit 0
+fi
+if ! uv run --quiet python -c 'from cgloop.analytics.datasets import default_data_root as d; import sys; sys.exit(0 if (d() / "xbox-cloud-gaming").is_dir() else 1)'; then
+  echo "analytics: real data not found, skipping model training (run \`cgloop train\` later)"
+  exit 0
+fi
+uv run --quiet cgloop train --out "$model" >/dev/null
+echo "analytics: trained $model"
