@@ -108,7 +108,18 @@ class Stack:
                 self._migrate()
                 progress(f"starting the store on http://{s.host}:{s.store_port}")
                 self.store.start(
-                    self._store_cmd("serve", "--host", s.host, "--port", str(s.store_port))
+                    # The sink runs inside the store process: chDB lets only the process that
+                    # owns the data folder write it (docs/datasets.md).
+                    self._store_cmd(
+                        "serve",
+                        "--host",
+                        s.host,
+                        "--port",
+                        str(s.store_port),
+                        "--sink",
+                        "--bootstrap",
+                        self.bootstrap,
+                    )
                 )
                 started.append(self.store)
             self._wait_store()
