@@ -93,6 +93,8 @@ class Lab:
     tmp: Path
     tag: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
     proc: subprocess.Popen[str] | None = None
+    # A directory laid out like /sys/devices/system/cpu/cpufreq (this VM has no cpufreq).
+    cpufreq_root: Path | None = None
 
     def __post_init__(self) -> None:
         self.ns_a = f"cgl-na-{self.tag}-a"
@@ -127,6 +129,7 @@ class Lab:
             f'interfaces = ["{self.if_a}"]\n'
             "max_rate_bps = 1000000000\n"
             "max_drop_fraction = 0.6\n"
+            + (f'[power]\ncpufreq_root = "{self.cpufreq_root}"\n' if self.cpufreq_root else "")
         )
         self.start()
         return self
@@ -492,3 +495,57 @@ def test_restarted_agent_restores_the_journal_into_the_kernel(lab):
     got = rx.stop()
     assert lab.class_packets(stub)[GAMING] - before[GAMING] == 30
     assert len(got) == 30 and all(dscp == 10 for _, dscp in got)
+
+
+def fake_cpufreq(root: Path) -> Path:
+    """policy0 (cpu0) with a P-state table, laid out like the kernel's cpufreq sysfs."""
+    p = root / "cpufreq" / "policy0"
+    p.mkdir(parents=True)
+    files = {
+        "affected_cpus": "0", "related_cpus": "0", "cpuinfo_min_freq": "1200000",
+        "cpuinfo_max_freq": "3000000", "cpuinfo_transition_latency": "10000",
+        "scaling_available_frequencies": "3000000 2400000 1800000 1200000",
+        "scaling_available_governors": "performance powersave userspace schedutil",
+        "scaling_driver": "acpi-cpufreq", "scaling_governor": "schedutil",
+        "scaling_min_freq": "1200000", "scaling_max_freq": "3000000",
+        "scaling_cur_freq": "3000000", "scaling_setspeed": "<unsupported>",
+    }
+    for name, value in files.items():
+        (p / name).write_text(value + "\n")
+    (root / "cpu0").mkdir()
+    (root / "cpu0" / "cpufreq").symlink_to("../cpufreq/policy0")
+    return root / "cpufreq"
+
+
+def test_power_policy_over_grpc_writes_the_cpufreq_tree(tmp_path):
+    _skip_without_root()
+    lab = Lab(tmp_path)
+    lab.cpufreq_root = fake_cpufreq(tmp_path / "cpu")
+    try:
+        stub = lab.up().stub()
+        resp = stub.SetPowerPolicy(na.SetPowerPolicyRequest(action_id="p1", policy=na.PowerPolicy(
+            cores=[0], governor="userspace", min_frequency_khz=1_200_000,
+            max_frequency_khz=2_400_000, xman_mode=na.XMAN_MODE_PINNED_MAX)), timeout=10)
+        assert list(resp.applied.cores) == [0]
+        assert resp.previous[0].governor == "schedutil"
+        policy = lab.cpufreq_root / "policy0"
+        assert (policy / "scaling_governor").read_text().strip() == "userspace"
+        assert (policy / "scaling_max_freq").read_text().strip() == "2400000"
+        assert (policy / "scaling_setspeed").read_text().strip() == "2400000"
+        state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
+        assert state.cores[0].governor == "userspace"
+        assert state.policies[0].xman_mode == na.XMAN_MODE_PINNED_MAX
+        with pytest.raises(grpc.RpcError) as err:  # X-MAN needs the probe's pinned counters
+            stub.SetPowerPolicy(na.SetPowerPolicyRequest(action_id="p2", policy=na.PowerPolicy(
+                cores=[0], governor="userspace", xman_mode=na.XMAN_MODE_LOAD)), timeout=10)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "fn_stats" in err.value.details()
+    finally:
+        lab.down()
+
+
+def test_power_rpcs_name_the_missing_cpufreq(lab):
+    with pytest.raises(grpc.RpcError) as err:
+        lab.stub().GetPowerState(na.GetPowerStateRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cpufreq" in err.value.details()

@@ -778,7 +778,8 @@ impl Agent {
             response: resp.encode_to_vec(),
         });
         inner.persist()?;
-        if applied.changed {
+        // Reading the whole state back costs netlink dumps: only when someone watches.
+        if applied.changed && self.watch.receiver_count() > 0 {
             if let Ok(state) = inner.read_state() {
                 let _ = self.watch.send((state, req.action_id().to_string()));
             }

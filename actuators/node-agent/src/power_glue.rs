@@ -89,7 +89,12 @@ impl Power {
                 .collect(),
             ..PowerConfig::default()
         };
-        let running = PowerManager::new(config, Cpufreq::new(settings.cpufreq_root.clone()), counters)
+        let backend = Cpufreq::new(settings.cpufreq_root.clone());
+        let running = match backend.policies() {
+            Ok(p) if p.is_empty() => Err(PowerError::InvalidPolicy("no policyN directories".into())),
+            Ok(_) => PowerManager::new(config, backend, counters),
+            Err(e) => Err(e),
+        }
             .map_err(|e| {
                 format!(
                     "no usable cpufreq under {} ({e}); this node cannot set P-states",

@@ -1,0 +1,237 @@
+"""Node-agent benchmark: time from an RPC to its change taking effect on packets, and RPCs/s.
+
+Lab: the namespaces of tests/test_node_agent_netns.py (release agent, mTLS over a Unix socket).
+A sender process paces UDP packets (one every ~50 us) through the agent's HTB/cls_bpf
+interface; the receiver reads kernel receive timestamps (SO_TIMESTAMPNS, CLOCK_REALTIME) and
+the DSCP of each packet. Each RPC flips the DSCP the change imposes, so "effective" is the
+kernel receive time of the first packet carrying the new DSCP, minus the time the RPC was sent.
+
+Baseline, measured side by side: the same change made with the tc command line
+(`tc class change`, `tc filter replace` with u32), as an operator or a shell-out agent would.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from cgloop.v1 import node_agent_pb2 as na  # noqa: E402
+
+from tests.test_node_agent_netns import (  # noqa: E402
+    BULK,
+    GAMING,
+    LL,
+    Lab,
+    hierarchy,
+    in_netns,
+)
+
+ITERATIONS = int(os.environ.get("CGLOOP_BENCH_ITERATIONS", "200"))
+SO_TIMESTAMPNS = 35
+
+
+def pct(values: list[float], p: float) -> float:
+    v = sorted(values)
+    return v[max(0, min(len(v) - 1, math.ceil(p * len(v)) - 1))]
+
+
+def line(name: str, values_ns: list[float]) -> str:
+    us = [v / 1e3 for v in values_ns]
+    return f"{name:<44} p50 {pct(us, .5):9.1f} us   p99 {pct(us, .99):9.1f} us   n={len(us)}"
+
+
+class TimedReceiver:
+    """Records (kernel receive time ns, DSCP) of every datagram, in namespace B."""
+
+    def __init__(self, lab: Lab, port: int) -> None:
+        self.got: list[tuple[int, int]] = []
+        self.stop_flag = threading.Event()
+        ready = threading.Event()
+
+        def run() -> None:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            s.bind((lab.addr_b, port))
+            s.settimeout(0.1)
+            ready.set()
+            while not self.stop_flag.is_set():
+                try:
+                    _, anc, _, _ = s.recvmsg(64, 256)
+                except TimeoutError:
+                    continue
+                ts, tos = 0, 0
+                for lvl, typ, d in anc:
+                    if lvl == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS:
+                        sec, nsec = struct.unpack("qq", d[:16])
+                        ts = sec * 1_000_000_000 + nsec
+                    elif lvl == socket.IPPROTO_IP and typ == socket.IP_TOS:
+                        tos = d[0]
+                self.got.append((ts, tos >> 2))
+            s.close()
+
+        self.thread = threading.Thread(target=in_netns, args=(lab.ns_b, run), daemon=True)
+        self.thread.start()
+        ready.wait(5)
+
+    def first_with(self, dscp: int, after_ns: int, timeout_s: float = 1.0) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        start = 0
+        while time.monotonic() < deadline:
+            got = self.got
+            for i in range(start, len(got)):
+                ts, d = got[i]
+                if ts >= after_ns and d == dscp:
+                    return ts
+            start = max(0, len(got) - 1)
+            time.sleep(0.0002)
+        return None
+
+
+def pacer(lab: Lab, sport: int, dport: int) -> subprocess.Popen[bytes]:
+    """A separate process (no GIL sharing) sending one packet every ~50 us."""
+    code = (
+        "import socket,time\n"
+        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+        f"s.bind(('{lab.addr_a}',{sport}))\n"
+        "n=time.perf_counter_ns()\n"
+        "while True:\n"
+        f"    s.sendto(b'x'*32,('{lab.addr_b}',{dport}))\n"
+        "    n+=50000\n"
+        "    while time.perf_counter_ns()<n: pass\n"
+    )
+    return subprocess.Popen(["ip", "netns", "exec", lab.ns_a, sys.executable, "-c", code])
+
+
+def effect_latency(lab: Lab, rx: TimedReceiver, rpc, dscps: tuple[int, int]) -> list[float]:
+    out = []
+    for i in range(ITERATIONS):
+        dscp = dscps[i % 2]
+        t0 = time.time_ns()
+        rpc(i, dscp)
+        ts = rx.first_with(dscp, t0)
+        if ts is not None:
+            out.append(ts - t0)
+    return out
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        sys.exit("bench/node-agent needs root (network namespaces, BPF)")
+    os.environ.setdefault("CGLOOP_BIN_DIR", str(ROOT / "target" / "release"))
+    with TemporaryDirectory() as tmp:
+        lab = Lab(Path(tmp))
+        lab.binary = Path(os.environ["CGLOOP_BIN_DIR"]) / "cgloop-node-agent"
+        try:
+            lab.up()
+            run(lab)
+        finally:
+            lab.down()
+
+
+def run(lab: Lab) -> None:
+    stub = lab.stub()
+    stub.ApplyQueueHierarchy(
+        na.ApplyQueueHierarchyRequest(action_id="h", hierarchy=hierarchy(lab.if_a)), timeout=10
+    )
+    rx = TimedReceiver(lab, 9500)
+    sender = pacer(lab, 45000, 9500)
+    time.sleep(0.5)
+    try:
+        flow = lab.flow(45000, 9500)
+
+        def reclassify(i: int, dscp: int) -> None:
+            rule = na.FlowClassRule(
+                interface_name=lab.if_a, flow=flow, class_id=LL if dscp == 46 else GAMING,
+                rewrite_dscp=dscp,
+            )
+            stub.SetFlowClass(na.SetFlowClassRequest(action_id=f"f{i}", rule=rule), timeout=5)
+
+        flows = effect_latency(lab, rx, reclassify, (46, 34))
+
+        def swap_chain(i: int, dscp: int) -> None:
+            chain = na.ServiceChain(chain_id="bench", traffic_class="gaming", functions=[
+                na.ChainFunction(name="mark", kind=na.FUNCTION_KIND_BASIC,
+                                 params={"dscp": str(dscp)}),
+            ])
+            stub.SetChain(na.SetChainRequest(action_id=f"c{i}", chain=chain), timeout=5)
+
+        # Put the flow in "gaming" without a DSCP rewrite so the chain's marker decides.
+        stub.SetFlowClass(na.SetFlowClassRequest(action_id="fg", rule=na.FlowClassRule(
+            interface_name=lab.if_a, flow=flow, class_id=GAMING)), timeout=5)
+        chains = effect_latency(lab, rx, swap_chain, (10, 12))
+    finally:
+        sender.kill()
+        rx.stop_flag.set()
+
+    # Class change: the RPC returns after the kernel's netlink ACK, so its round trip is the
+    # time until HTB uses the new rate for the next dequeue.
+    rates = []
+    for i in range(ITERATIONS):
+        t0 = time.perf_counter_ns()
+        stub.SetClassRate(na.SetClassRateRequest(
+            action_id=f"r{i}", interface_name=lab.if_a, class_id=BULK,
+            rate_bps=5_000_000 + 1000 * (i % 2), ceil_bps=8_000_000), timeout=5)
+        rates.append(time.perf_counter_ns() - t0)
+
+    # Baseline: the tc command line doing the same changes.
+    tc_class, tc_filter = [], []
+    subprocess.run(["tc", "-n", lab.ns_a, "filter", "add", "dev", lab.if_a, "parent", "1:",
+                    "protocol", "ip", "prio", "5", "handle", "800::1", "u32", "match", "ip",
+                    "sport", "45000", "0xffff", "flowid", "1:10"], check=True)
+    for i in range(min(ITERATIONS, 100)):
+        t0 = time.perf_counter_ns()
+        subprocess.run(["tc", "-n", lab.ns_a, "class", "change", "dev", lab.if_a, "classid",
+                        "1:40", "htb", "rate", f"{5000 + i % 2}kbit", "ceil", "8mbit"], check=True)
+        tc_class.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        subprocess.run(["tc", "-n", lab.ns_a, "filter", "replace", "dev", lab.if_a, "parent",
+                        "1:", "protocol", "ip", "prio", "5", "handle", "800::1", "u32", "match",
+                        "ip", "sport", "45000", "0xffff", "flowid",
+                        "1:10" if i % 2 else "1:20"], check=True)
+        tc_filter.append(time.perf_counter_ns() - t0)
+
+    # Throughput: sequential SetFlowClass RPCs from one client for 2 s.
+    n, t_end = 0, time.monotonic() + 2.0
+    t0 = time.monotonic()
+    while time.monotonic() < t_end:
+        stub.SetFlowClass(na.SetFlowClassRequest(action_id=f"t{n}", rule=na.FlowClassRule(
+            interface_name=lab.if_a, flow=lab.flow(46000 + n % 1000, 9600), class_id=GAMING)),
+            timeout=5)
+        n += 1
+    rps = n / (time.monotonic() - t0)
+
+    print("node-agent benchmark (release agent, Python gRPC client over mTLS, netns veth)")
+    print(line("SetFlowClass RPC -> first packet reclassified", flows))
+    print(line("SetChain RPC -> first packet through new chain", chains))
+    print(line("SetClassRate RPC (kernel ACKed on return)", rates))
+    print(line("baseline: tc filter replace (u32) command", tc_filter))
+    print(line("baseline: tc class change command", tc_class))
+    print(f"{'SetFlowClass RPCs/s (1 client, sequential)':<44} {rps:9.0f}")
+    print(f"ratio flow reclassification p50, agent/tc-filter: "
+          f"{pct(flows, .5) / pct(tc_filter, .5):.3f}")
+    print(f"ratio class change p50, agent/tc-class: {pct(rates, .5) / pct(tc_class, .5):.3f}")
+    print(f"targets: flow reclassification p99 <= 1 ms: "
+          f"{'met' if pct(flows, .99) <= 1e6 else 'NOT met'}; "
+          f"class change p99 <= 10 ms: {'met' if pct(rates, .99) <= 1e7 else 'NOT met'}")
+    lost = ITERATIONS * 2 - len(flows) - len(chains)
+    if lost:
+        print(f"warning: {lost} changes never showed on packets within 1 s")
+    print(f"(mean SetFlowClass effect {statistics.mean(flows) / 1e3:.1f} us)")
+
+
+if __name__ == "__main__":
+    main()
