@@ -52,9 +52,23 @@ def test_state_is_bounded_and_idle_flows_are_evicted(small_model):
 def test_sequence_gap_is_a_telemetry_gap_detection():
     eng = AnalyticsEngine(None)
     assert eng.on_flows([_rec(1, NS, 1), _rec(1, 2 * NS, 2)]) == []
-    out = eng.on_flows([_rec(1, 3 * NS, 7)])
-    assert [d.kind for d in out] == [K.DETECTION_KIND_TELEMETRY_GAP]
-    assert out[0].evidence[0].value == 4 and out[0].node_id == "probe-x"
+    # out of order across partitions: 4 and 5 arrive late, 3 never (6 is late too)
+    assert eng.on_flows([_rec(1, 3 * NS, 7), _rec(1, 3 * NS, 5), _rec(1, 3 * NS, 4)]) == []
+    out = eng.on_flows([_rec(1, 9 * NS, 8)])  # 6 s later: 3 and 6 are lost
+    assert [d.kind for d in out] == [K.DETECTION_KIND_TELEMETRY_GAP] * 2
+    assert [d.evidence[0].value for d in out] == [1, 1] and out[0].node_id == "probe-x"
+    assert eng.on_flows([_rec(1, 10 * NS, 9)]) == []
+
+
+def test_pcap_records_out_of_order_are_not_gaps():
+    from cgloop.analytics.pcap import records_from_pcap
+
+    from .conftest import need_data
+
+    eng = AnalyticsEngine(None)
+    recs = records_from_pcap(need_data("l4s-tests", "skype_bi_dualpi2_l.pcap.gz"))
+    out = [d for r in recs for d in eng.on_flows([r])]
+    assert [d.kind for d in out] == [K.DETECTION_KIND_L4S_UNRESPONSIVE_ECN]
 
 
 def test_odd_records_do_not_crash(small_model):

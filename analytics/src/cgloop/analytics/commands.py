@@ -167,7 +167,10 @@ def register(app: typer.Typer) -> None:
         from google.protobuf.json_format import MessageToDict
 
         path = model or default_model_path()
-        clf, version = (load(path)[0], load(path)[1].version) if path.exists() else (None, "")
+        clf, version = None, ""
+        if path.exists():
+            clf, card = load(path)
+            version = card.version
         engine = AnalyticsEngine(clf, version)
         try:
             recs = records_from_pcap(file)

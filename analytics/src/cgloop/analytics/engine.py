@@ -25,6 +25,14 @@ from cgloop.v1.probe_pb2 import ProbeRecord
 
 DECISION_CONFIDENCE = 0.8
 ANOMALY_THRESHOLD = -0.05  # IsolationForest decision function below this is reported
+# A missing sequence number is lost once the source's records are this much further on.
+GAP_LATENESS_NS = 5 * NS
+
+
+@dataclass
+class _SeqState:
+    contiguous: int  # every sequence number up to here has arrived (or was declared lost)
+    pending: dict[int, int] = field(default_factory=dict)  # seen above it → event time
 
 
 @dataclass
@@ -58,7 +66,7 @@ class AnalyticsEngine:
         self.overload = QueueOverloadDetector()
         self.convs: OrderedDict[TupleKey, _Conv] = OrderedDict()
         self.servers: dict[bytes, set[TupleKey]] = {}
-        self.last_sequence: dict[str, int] = {}
+        self._seq: dict[str, _SeqState] = {}
         self.watermark_ns = 0
         self.classified = 0
 
@@ -201,18 +209,38 @@ class AnalyticsEngine:
         return out
 
     def _sequence(self, source: str, seq: int, t_ns: int) -> list[Detection]:
-        """A per-source sequence gap means telemetry was lost: the loop is partly blind."""
-        prev = self.last_sequence.get(source)
-        if seq > (prev or 0):
-            self.last_sequence[source] = seq
-        if prev is None or seq <= prev + 1:
-            return []
-        missing = seq - prev - 1
-        return [make_detection(
-            DetectionKind.DETECTION_KIND_TELEMETRY_GAP, Severity.SEVERITY_WARNING, 1.0,
-            [ev("missing_records", missing, 0, 0, "records")],
-            "telemetry-gap", (t_ns, t_ns), source, prev + 1, labels={"source": source},
-        )]
+        """A per-source sequence gap means telemetry was lost: the loop is partly blind.
+
+        A source's records travel on several partitions, so they may arrive out of order: a
+        missing number is only declared lost once a later record of the source is older than
+        `GAP_LATENESS_NS` of event time and the number still has not arrived."""
+        st = self._seq.get(source)
+        if st is None:
+            st = self._seq[source] = _SeqState(contiguous=seq - 1)
+            if len(self._seq) > 100_000:  # bounded: forget the oldest source
+                self._seq.pop(next(iter(self._seq)))
+        if seq <= st.contiguous or seq in st.pending:
+            return []  # duplicate or already counted
+        st.pending[seq] = t_ns
+        out: list[Detection] = []
+        while st.pending:
+            if st.contiguous + 1 in st.pending:
+                st.pending.pop(st.contiguous + 1)
+                st.contiguous += 1
+                continue
+            first = min(st.pending)
+            late = t_ns - st.pending[first] > GAP_LATENESS_NS or len(st.pending) > 10_000
+            if not late:
+                break
+            missing = first - st.contiguous - 1
+            out.append(make_detection(
+                DetectionKind.DETECTION_KIND_TELEMETRY_GAP, Severity.SEVERITY_WARNING, 1.0,
+                [ev("missing_records", missing, 0, 0, "records")],
+                "telemetry-gap", (st.pending[first], t_ns), source, st.contiguous + 1,
+                labels={"source": source},
+            ))
+            st.contiguous = first - 1
+        return out
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -139,5 +139,9 @@ def records_from_pcap(
     for p in packets_from_pcap(path, stats):
         out.extend(acc.add(p))
     out.extend(acc.flush())
-    out.sort(key=lambda r: (r.interval_start_ns, r.header.sequence))
+    # The probe exports each record when its interval ends; the accumulator closes an interval
+    # lazily (at the flow's next packet), so put records in export order and number them so.
+    out.sort(key=lambda r: (r.interval_end_ns, r.header.sequence))
+    for i, r in enumerate(out, 1):
+        r.header.sequence = i
     return out
