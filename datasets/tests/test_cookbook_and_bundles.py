@@ -106,6 +106,14 @@ def test_export_then_import_gives_identical_query_results(bundle_store, tmp_path
         copy.stop()
 
 
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated store for the refusal cases (a refused import writes nothing)."""
+    folder = tmp_path_factory.mktemp("refusals") / "store"
+    _cli("store", "migrate", "--path", str(folder))
+    return folder
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -118,12 +126,14 @@ def test_export_then_import_gives_identical_query_results(bundle_store, tmp_path
         (lambda m, d: m["tables"]["actions"]["columns"].pop(), "columns differ"),
     ],
 )
-def test_bad_bundles_are_refused_with_the_reason(tmp_path: Path, damage, message: str) -> None:
+def test_bad_bundles_are_refused_with_the_reason(
+    migrated: Path, tmp_path: Path, damage, message: str
+) -> None:
     bundle = tmp_path / "b"
     shutil.copytree(BUNDLES / "loop-demo", bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
     damage(manifest, bundle)
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    result = _cli("dataset", "import", str(bundle), "--path", str(tmp_path / "s"), ok=False)
+    result = _cli("dataset", "import", str(bundle), "--path", str(migrated), ok=False)
     assert result.returncode == 2
     assert message in " ".join(result.stderr.split()), result.stderr
