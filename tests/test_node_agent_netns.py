@@ -403,12 +403,15 @@ def test_impairment_drops_about_the_configured_fraction(lab):
     stub.SetImpairment(na.SetImpairmentRequest(action_id="i1", impairment=na.Impairment(
         interface_name=lab.if_a, flow=lab.flow(42000, 9200), drop_fraction=0.5)), timeout=10)
     rx = Receiver(lab, 9200)
-    lab.send(42000, 9200, 1000)
+    lab.send(42000, 9200, 1000, gap_s=0.0001)
     got = len(rx.stop())
-    # Binomial(1000, 0.5): +-6 sigma is +-95.
-    assert 405 <= got <= 595, got
     imp = stub.GetState(na.GetStateRequest(), timeout=10).state.impairments[0]
-    assert imp.seen_packets == 1000 and imp.dropped_packets == 1000 - got
+    assert imp.seen_packets == 1000
+    # Binomial(1000, 0.5): +-6 sigma is +-95.
+    assert 405 <= imp.dropped_packets <= 595, imp.dropped_packets
+    # What BPF passed arrives (a loaded receiver may miss a few, never gain any).
+    passed = 1000 - imp.dropped_packets
+    assert 0.9 * passed <= got <= passed, (got, passed)
     with pytest.raises(grpc.RpcError) as err:
         stub.SetImpairment(na.SetImpairmentRequest(action_id="i2", impairment=na.Impairment(
             interface_name=lab.if_a, flow=lab.flow(42000, 9200), drop_fraction=0.9)), timeout=10)

@@ -8,6 +8,7 @@ pub mod chains;
 pub mod config;
 pub mod datapath;
 pub mod error;
+pub mod export;
 pub mod journal;
 pub mod power_glue;
 pub mod probes;

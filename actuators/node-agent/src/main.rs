@@ -11,7 +11,7 @@ use cgloop_node_agent::config::Config;
 use cgloop_node_agent::power_glue::Power;
 use cgloop_node_agent::probes::{self, Probes};
 use cgloop_node_agent::service::Service;
-use cgloop_node_agent::tls;
+use cgloop_node_agent::{export, tls};
 use cgloop_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 use clap::{Parser, Subcommand};
 use tonic::transport::Server;
@@ -45,6 +45,9 @@ enum Command {
         /// Validate and report every request without touching the kernel.
         #[arg(long)]
         dry_run: bool,
+        /// Kafka bootstrap servers for probe records (overrides the configuration).
+        #[arg(long)]
+        kafka: Option<String>,
     },
     /// Generate lab certificates: a CA (reused if present), a server and a client certificate.
     Certs {
@@ -76,7 +79,7 @@ fn main() -> Result<()> {
             probes::reflect(listen, Arc::new(AtomicBool::new(false)))
                 .with_context(|| format!("reflector on {listen}"))
         }
-        Command::Serve { config, listen, tls_dir, journal, node_id, dry_run } => {
+        Command::Serve { config, listen, tls_dir, journal, node_id, dry_run, kafka } => {
             let mut config = match config {
                 Some(p) => Config::load(&p)?,
                 None => Config::default(),
@@ -88,6 +91,9 @@ fn main() -> Result<()> {
                 config.node_id = n;
             }
             config.dry_run |= dry_run;
+            if let Some(k) = kafka {
+                config.kafka_bootstrap = k;
+            }
             serve(config, listen, tls_dir)
         }
     }
@@ -96,7 +102,12 @@ fn main() -> Result<()> {
 fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
     let tls = tls::server_config(&tls_dir)?;
     let power = Power::start(&config.power);
-    let probes = Probes::new(config.node_id.clone(), None);
+    let sink = if config.kafka_bootstrap.is_empty() {
+        None
+    } else {
+        Some(export::start(&config.kafka_bootstrap, &config.probe_topic, &config.node_id)?)
+    };
+    let probes = Probes::new(config.node_id.clone(), sink);
     let (agent, warnings) = Agent::start(config, power, probes)?;
     for w in &warnings {
         tracing::warn!("{w}");

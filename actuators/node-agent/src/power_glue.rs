@@ -57,6 +57,7 @@ fn to_proto(p: &CorePolicy) -> PowerPolicy {
         min_frequency_khz: p.min_khz,
         max_frequency_khz: p.max_khz,
         xman_mode: from_mode(p.mode) as i32,
+        forbid_cstates: false,
     }
 }
 
@@ -113,6 +114,11 @@ impl Power {
         let mode = to_mode(p.xman_mode)?;
         if p.cores.is_empty() {
             return Err(AgentError::Invalid("policy.cores is empty".into()));
+        }
+        if p.forbid_cstates {
+            return Err(AgentError::Unimplemented(
+                "policy.forbid_cstates: the agent does not manage cpuidle states yet".into(),
+            ));
         }
         let running = self.running()?;
         if matches!(mode, XmanMode::Load | XmanMode::Feedback) {
