@@ -71,7 +71,7 @@ def bench_ingest(rows: int) -> None:
         decode(t, p)
     python_rate = rows / (time.perf_counter() - start)
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         settings = Settings(
             state_dir=Path(tmp) / "stack",
             cache_dir=ROOT / ".cache",
@@ -120,7 +120,7 @@ def bench_query(rows: int) -> None:
     import clickhouse_connect
     from cgloop.datasets.store.migrations import migrate
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}")
         migrate(client)
         print(f"generating {rows:,} synthetic flow rows in ClickHouse ...", flush=True)
