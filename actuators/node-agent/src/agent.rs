@@ -198,10 +198,10 @@ impl Inner {
         })
     }
 
-    fn persist(&mut self) -> AgentResult<()> {
+    fn persist(&mut self, action: Option<&JournalEntry>) -> AgentResult<()> {
         let state = self.desired.to_state(&self.config.node_id, self.generation);
         self.journal
-            .store(&state, self.actions.entries())
+            .store(&state, action)
             .map_err(|e| AgentError::Kernel(e.context("the change is applied but the journal write failed")))
     }
 
@@ -698,7 +698,7 @@ impl Agent {
         let rtnl = Rtnl::open().context("opening rtnetlink")?;
         let dp = Datapath::load()?;
         let journal = Journal::new(config.journal_path.clone(), config.journal_fsync);
-        let (saved, warning) = journal.load()?;
+        let (saved, warning) = journal.load(config.remembered_actions)?;
         let mut warnings: Vec<String> = warning.into_iter().collect();
         let mut actions = ActionLog::new(config.remembered_actions);
         for e in saved.actions {
@@ -771,13 +771,14 @@ impl Agent {
         if applied.changed {
             inner.generation += 1;
         }
-        inner.actions.record(JournalEntry {
+        let entry = JournalEntry {
             action_id: req.action_id().to_string(),
             method: Req::METHOD.to_string(),
             request: request_bytes,
             response: resp.encode_to_vec(),
-        });
-        inner.persist()?;
+        };
+        inner.persist(Some(&entry))?;
+        inner.actions.record(entry);
         // Reading the whole state back costs netlink dumps: only when someone watches.
         if applied.changed && self.watch.receiver_count() > 0 {
             if let Ok(state) = inner.read_state() {

@@ -74,9 +74,44 @@ impl Journal {
         &self.path
     }
 
-    /// Reads the journal. A missing file is an empty journal; an unreadable one is moved aside
-    /// (kept for inspection) and reported, so the agent starts instead of crash-looping.
-    pub fn load(&self) -> Result<(AgentJournal, Option<String>)> {
+    /// The append-only action log next to the state file.
+    fn actions_path(&self) -> PathBuf {
+        self.path.with_extension("actions")
+    }
+
+    /// Reads the journal: the desired-state file, then the action log. A missing file is an
+    /// empty journal; an unreadable state file is moved aside (kept for inspection) and
+    /// reported, so the agent starts instead of crash-looping; a torn last action (crash
+    /// mid-append) is dropped. The action log is compacted to the last `keep` actions.
+    pub fn load(&self, keep: usize) -> Result<(AgentJournal, Option<String>)> {
+        let (mut journal, warning) = self.load_state()?;
+        let bytes = match std::fs::read(self.actions_path()) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                return Err(e).with_context(|| format!("reading {}", self.actions_path().display()))
+            }
+        };
+        let mut buf = &bytes[..];
+        while !buf.is_empty() {
+            match JournalEntry::decode_length_delimited(&mut buf) {
+                Ok(e) => journal.actions.push(e),
+                Err(_) => break,
+            }
+        }
+        if journal.actions.len() > keep {
+            let drop = journal.actions.len() - keep;
+            journal.actions.drain(..drop);
+        }
+        let mut compact = Vec::new();
+        for e in &journal.actions {
+            e.encode_length_delimited(&mut compact)?;
+        }
+        self.write_atomic(&self.actions_path(), &compact)?;
+        Ok((journal, warning))
+    }
+
+    fn load_state(&self) -> Result<(AgentJournal, Option<String>)> {
         let bytes = match std::fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -109,22 +144,40 @@ impl Journal {
         }
     }
 
-    /// Writes the journal to a temporary file and renames it over the old one.
-    pub fn store(&self, desired: &NodeState, actions: Vec<JournalEntry>) -> Result<()> {
-        let journal = AgentJournal { desired: Some(desired.clone()), actions };
-        if let Some(dir) = self.path.parent() {
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let tmp = self.path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(&journal.encode_to_vec())
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        let tmp = path.with_extension("tmp");
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
         if self.fsync {
             f.sync_all().with_context(|| format!("fsync {}", tmp.display()))?;
         }
-        std::fs::rename(&tmp, &self.path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), self.path.display()))?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        Ok(())
+    }
+
+    /// Rewrites the desired state (temporary file + rename) and appends the action: the cost
+    /// of a change grows with the desired state, not with the number of remembered actions.
+    pub fn store(&self, desired: &NodeState, action: Option<&JournalEntry>) -> Result<()> {
+        let journal = AgentJournal { desired: Some(desired.clone()), actions: Vec::new() };
+        self.write_atomic(&self.path, &journal.encode_to_vec())?;
+        if let Some(action) = action {
+            let path = self.actions_path();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            f.write_all(&action.encode_length_delimited_to_vec())
+                .with_context(|| format!("appending to {}", path.display()))?;
+            if self.fsync {
+                f.sync_data().with_context(|| format!("fsync {}", path.display()))?;
+            }
+        }
         Ok(())
     }
 }
@@ -158,15 +211,22 @@ mod tests {
     fn journal_round_trips_and_moves_a_corrupt_file_aside() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::new(dir.path().join("journal.pb"), true);
-        assert!(j.load().unwrap().0.desired.is_none());
+        assert!(j.load(10).unwrap().0.desired.is_none());
         let state = NodeState { node_id: "n".into(), generation: 3, ..Default::default() };
-        j.store(&state, vec![entry("a", "m", b"r")]).unwrap();
-        let (back, warn) = j.load().unwrap();
+        for id in ["a", "b", "c"] {
+            j.store(&state, Some(&entry(id, "m", b"r"))).unwrap();
+        }
+        // A torn append (crash mid-write) loses only that action.
+        let mut f = std::fs::OpenOptions::new().append(true).open(j.actions_path()).unwrap();
+        f.write_all(&[0x40, 1, 2]).unwrap();
+        let (back, warn) = j.load(2).unwrap();
         assert!(warn.is_none());
         assert_eq!(back.desired.unwrap().generation, 3);
-        assert_eq!(back.actions.len(), 1);
+        let ids: Vec<_> = back.actions.iter().map(|e| e.action_id.as_str()).collect();
+        assert_eq!(ids, ["b", "c"], "compacted to the newest");
+        assert_eq!(j.load(10).unwrap().0.actions.len(), 2);
         std::fs::write(j.path(), b"\xff\xff\xff garbage").unwrap();
-        let (back, warn) = j.load().unwrap();
+        let (back, warn) = j.load(10).unwrap();
         assert!(back.desired.is_none());
         assert!(warn.unwrap().contains("not a valid AgentJournal"));
         assert!(!j.path().exists());
