@@ -7,28 +7,13 @@ a temporary state folder on free ports, so tests never touch a stack a developer
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from cgloop.config import Settings, find_project_root
-
-ROOT = find_project_root(Path(__file__))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def cgloop_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cgloop.cli.main", *args]
+from cgloop.config import Settings
+from cgloop.testing import ROOT, StoreServer, cgloop_cmd, free_port
 
 
 @pytest.fixture
@@ -44,37 +29,6 @@ def run_cgloop(tmp_path: Path):
         )
 
     return run
-
-
-class StoreServer:
-    def __init__(self, path: Path, port: int) -> None:
-        self.path, self.port = path, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"store server exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(f"{self.url}/ping", timeout=1).text == "Ok.\n":
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("store server did not start within 60 s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")

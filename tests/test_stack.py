@@ -10,8 +10,7 @@ from pathlib import Path
 
 import clickhouse_connect
 import pytest
-
-from conftest import ROOT, free_port
+from cgloop.testing import ROOT, free_port
 
 MIGRATIONS = ROOT / "datasets/src/cgloop/datasets/migrations"
 
@@ -165,7 +164,7 @@ def test_missing_java_is_named(run_cgloop, tmp_path: Path) -> None:
 
 
 def test_cli_lists_every_component_command() -> None:
-    from conftest import cgloop_cmd
+    from cgloop.testing import cgloop_cmd
 
     result = subprocess.run([*cgloop_cmd("--help")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0

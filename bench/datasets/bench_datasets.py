@@ -60,8 +60,7 @@ def bench_ingest(rows: int) -> None:
     from cgloop.datasets.sink.writer import StoreWriter
     from cgloop.datasets.store.migrations import migrate
     from cgloop.stack.stack import Stack
-
-    from conftest import ROOT, free_port
+    from cgloop.testing import ROOT, free_port
 
     print(f"building {rows:,} distinct flow records ...", flush=True)
     payloads = _batches(rows)

@@ -264,7 +264,7 @@ def bench_kafka(seconds: float = 5.0) -> None:
     from cgloop.stack.stack import Stack
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from conftest import free_port  # the project's own free-port helper
+    from cgloop.testing import free_port  # the project's own free-port helper
 
     print(f"\n== Detection -> action through Kafka at {RATE} detections/s ({seconds:g} s)")
     tmp = Path(tempfile.mkdtemp(prefix="cgloop-bench-policy-"))

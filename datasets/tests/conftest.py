@@ -13,9 +13,8 @@ import pytest
 from cgloop.bus.codec import _records
 from cgloop.config import Settings
 from cgloop.contracts.samples import SAMPLES
+from cgloop.testing import cgloop_cmd, free_port
 from google.protobuf.message import Message
-
-from conftest import cgloop_cmd, free_port
 
 SAMPLE_FOR_TOPIC = {
     "cgloop.flows.v1": "flow_record_batch",

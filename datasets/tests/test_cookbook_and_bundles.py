@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from conftest import ROOT, StoreServer, free_port
+from cgloop.testing import ROOT, StoreServer, free_port
 
 BUNDLES = ROOT / "datasets" / "bundles"
 COOKBOOK = ROOT / "docs" / "queries.md"
@@ -37,7 +36,7 @@ def bundle_store(tmp_path_factory: pytest.TempPathFactory):
 def _cli(*args: str, ok: bool = True):
     import subprocess
 
-    from conftest import cgloop_cmd
+    from cgloop.testing import cgloop_cmd
 
     result = subprocess.run(cgloop_cmd(*args), capture_output=True, text=True, timeout=180)
     if ok:

@@ -11,8 +11,7 @@ import pytest
 from cgloop.bus.kafka import BatchProducer
 from cgloop.bus.topics import DEADLETTER, TOPICS
 from cgloop.config import Settings
-
-from conftest import cgloop_cmd
+from cgloop.testing import cgloop_cmd
 
 from .conftest import SinkStore, sample
 

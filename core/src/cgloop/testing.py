@@ -1,0 +1,60 @@
+"""Helpers for cgloop's tests and benchmarks: free loopback ports, the CLI as a subprocess, a
+store server process. Importable from any test folder (pytest's importlib mode cannot import one
+conftest from another); the root conftest.py builds its fixtures on these.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cgloop.config import find_project_root
+
+#: The checkout the tests run from.
+ROOT = find_project_root(Path(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cgloop_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cgloop.cli.main", *args]
+
+
+class StoreServer:
+    def __init__(self, path: Path, port: int) -> None:
+        import httpx  # a dev dependency: only tests and benchmarks start a store this way
+
+        self.path, self.port = path, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"store server exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/ping", timeout=1).text == "Ok.\n":
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("store server did not start within 60 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
