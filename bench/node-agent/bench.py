@@ -152,13 +152,16 @@ def run(lab: Lab) -> None:
     time.sleep(0.5)
     try:
         flow = lab.flow(45000, 9500)
+        agent_side: list[float] = []
 
         def reclassify(i: int, dscp: int) -> None:
             rule = na.FlowClassRule(
                 interface_name=lab.if_a, flow=flow, class_id=LL if dscp == 46 else GAMING,
                 rewrite_dscp=dscp,
             )
-            stub.SetFlowClass(na.SetFlowClassRequest(action_id=f"f{i}", rule=rule), timeout=5)
+            resp = stub.SetFlowClass(
+                na.SetFlowClassRequest(action_id=f"f{i}", rule=rule), timeout=5)
+            agent_side.append(resp.outcome.apply_latency_ns)
 
         flows = effect_latency(lab, rx, reclassify, (46, 34))
 
@@ -216,6 +219,7 @@ def run(lab: Lab) -> None:
 
     print("node-agent benchmark (release agent, Python gRPC client over mTLS, netns veth)")
     print(line("SetFlowClass RPC -> first packet reclassified", flows))
+    print(line("  of which inside the agent (apply+journal)", agent_side))
     print(line("SetChain RPC -> first packet through new chain", chains))
     print(line("SetClassRate RPC (kernel ACKed on return)", rates))
     print(line("baseline: tc filter replace (u32) command", tc_filter))
