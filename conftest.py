@@ -1,6 +1,6 @@
 """Fixtures shared by every test folder: free loopback ports, a store server, the real stack.
 
-The stack fixture starts the real Kafka broker (KRaft) and the store once per test session, in
+The stack fixture starts the real Kafka broker (KRaft) and the store once per test module, in
 a temporary state folder on free ports, so tests never touch a stack a developer has running.
 """
 
@@ -38,9 +38,11 @@ def store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServ
     server.stop()
 
 
-@pytest.fixture(scope="session")
+# Module scope: every test module gets a broker and topics of its own. The topic names are the
+# product's, so modules sharing one broker would read each other's records (and dead letters).
+@pytest.fixture(scope="module")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """The real embedded stack (Kafka + store), up for the whole session."""
+    """The real embedded stack (Kafka + store), up for one test module."""
     from cgloop.stack.stack import Stack
 
     settings = Settings(

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -30,7 +31,8 @@ def _load(paths: list[Path] | None):
         return model.load_policies(paths) if paths else model.default_policies()
     except model.PolicyError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False)
+            # One line per problem at any terminal width: people grep "file:line: field".
+            err.print(f"[red]error[/red] {escape(str(problem))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
 
