@@ -42,7 +42,7 @@ def store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreServ
 # product's, so modules sharing one broker would read each other's records (and dead letters).
 @pytest.fixture(scope="module")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """The real embedded stack (Kafka + store), up for one test module."""
+    """The real embedded stack (Kafka + store, without the sink), up for one test module."""
     from cgloop.stack.stack import Stack
 
     settings = Settings(
@@ -52,7 +52,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
         kafka_controller_port=free_port(),
         store_port=free_port(),
     )
-    stack = Stack(settings)
+    stack = Stack(settings, sink=False)  # the sink has tests of its own (datasets/tests)
     try:
         status = stack.up()
         assert status.healthy, status.as_dict()

@@ -142,11 +142,20 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
         ["action:ACTION_STATE_PROPOSED", "ACTION_STATE_APPLIED", "ACTION_STATE_ROLLED_BACK"],
         ["action:ACTION_STATE_PROPOSED", "ACTION_STATE_VERIFIED"],  # the rollback action
     ]
-    final = [ev.result for ev in seen if ev.HasField("result")][-1]
-    assert final.state == apb.ACTION_STATE_ROLLED_BACK
+    # The two actions' batches sit on different partitions (keyed by action id): their relative
+    # order is not defined, so find the original action by what happened to it.
+    rolled_back = [
+        ev.result
+        for ev in seen
+        if ev.HasField("result") and ev.result.state == apb.ACTION_STATE_ROLLED_BACK
+    ]
+    assert len(rolled_back) == 1
+    final = rolled_back[0]
     assert final.verification.verdict == apb.VERDICT_WORSE
     assert final.verification.after_value == 90 * MS
     assert final.detection_to_apply_ns > 0
-    original = next(ev.action for ev in seen if ev.HasField("action"))
+    original = next(
+        ev.action for ev in seen if ev.HasField("action") and ev.action.id == final.action_id
+    )
     assert original.reason_detection_ids == [det.id]
     assert engine.stats.detections == 1  # the poison message was dead-lettered, not decided on

@@ -148,7 +148,9 @@ def test_records_reach_kafka_and_decode(binary, veth, stack_settings):
         (struct.pack("<I", ifindex), struct.pack("<I", 1))
     ]
     fns = {struct.unpack("<I", raw(e["key"]))[0]: percpu_sum(e) for e in dump}
-    assert fns[1]["rx_packets"] + fns[1]["tx_packets"] == stats["packets"] >= PACKETS
+    # The pins are read before the probe stops, and the kernel may send a few packets of its own
+    # (IPv6 neighbour discovery) on the veth in between: the read-back is bounded, not equal.
+    assert PACKETS <= fns[1]["rx_packets"] + fns[1]["tx_packets"] <= stats["packets"]
     assert fns[1]["rx_last_ns"] > 0
     assert fns[0]["rx_packets"] == fns[0]["tx_packets"] == 0
     assert stats["kafka_records_dropped"] == 0

@@ -114,8 +114,9 @@ class KafkaBroker:
             "kafka.tools.StorageTool",
             "format",
             "--ignore-formatted",
-            "-t",
-            cluster_id_file.read_text().strip(),
+            # One argument: an id may start with "-" (URL-safe base64), which a separate argument
+            # would make the tool's parser read as an option.
+            f"--cluster-id={cluster_id_file.read_text().strip()}",
             "-c",
             str(self.config_file),
         ]

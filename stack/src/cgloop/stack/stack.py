@@ -56,8 +56,11 @@ class StackStatus:
 
 
 class Stack:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, sink: bool = True) -> None:
         self.settings = settings
+        # The Kafka→store sink inside the store process. Tests that read the product's topics
+        # turn it off, so that its consumer group and dead letters are not mixed with theirs.
+        self.sink = sink
         self.migrations_dir = settings.migrations_dir
         self.min_free_disk_mb = settings.min_free_disk_mb
         run_dir = settings.state_dir / "run"
@@ -116,9 +119,7 @@ class Stack:
                         s.host,
                         "--port",
                         str(s.store_port),
-                        "--sink",
-                        "--bootstrap",
-                        self.bootstrap,
+                        *(("--sink", "--bootstrap", self.bootstrap) if self.sink else ()),
                     )
                 )
                 started.append(self.store)
