@@ -13,7 +13,7 @@ import pytest
 from cgloop.bus.codec import _records
 from cgloop.config import Settings
 from cgloop.contracts.samples import SAMPLES
-from cgloop.testing import cgloop_cmd, free_port
+from cgloop.testing import cgloop_cmd, free_port, wait_for_store
 from google.protobuf.message import Message
 
 SAMPLE_FOR_TOPIC = {
@@ -62,17 +62,11 @@ class SinkStore:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"store exited: {Path(self.log.name).read_text()}")
-            try:
-                if httpx.get(f"{self.url}/ping", timeout=1).text == "Ok.\n":
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("store did not start within 60 s")
+        try:
+            wait_for_store(self.url, self.proc, lambda: Path(self.log.name).read_text())
+        except RuntimeError:
+            self.stop()
+            raise
 
     def query(self, sql: str, **params: str) -> list[list[str]]:
         reply = httpx.post(

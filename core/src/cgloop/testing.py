@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cgloop.config import find_project_root
@@ -29,8 +30,6 @@ def cgloop_cmd(*args: str) -> list[str]:
 
 class StoreServer:
     def __init__(self, path: Path, port: int) -> None:
-        import httpx  # a dev dependency: only tests and benchmarks start a store this way
-
         self.path, self.port = path, port
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
@@ -39,17 +38,11 @@ class StoreServer:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"store server exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(f"{self.url}/ping", timeout=1).text == "Ok.\n":
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("store server did not start within 60 s")
+        try:
+            wait_for_store(self.url, self.proc, lambda: self.proc.stdout.read())
+        except RuntimeError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -58,3 +51,21 @@ class StoreServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def wait_for_store(
+    url: str, proc: subprocess.Popen, output: Callable[[], str], timeout_s: float = 60
+) -> None:
+    """Wait until the store process answers /ping; raise with its output if it exits first."""
+    import httpx  # a dev dependency: only tests and benchmarks start a store this way
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"store exited: {output()}")
+        try:
+            if httpx.get(f"{url}/ping", timeout=1).text == "Ok.\n":
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"store did not start within {timeout_s:g} s")
