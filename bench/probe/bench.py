@@ -147,25 +147,33 @@ class Probe:
         return json.loads(err.strip().splitlines()[-1])
 
 
+def one_cost(binary: Path, pcap: Path, rtp: bool, *extra: str) -> float:
+    probe = Probe(binary, *([] if rtp else ["--no-rtp"]), *extra)
+    try:
+        replay(pcap)  # warm-up: creates the flows
+        t0, c0 = prog_stats(probe.prog)
+        replay(pcap)
+        t1, c1 = prog_stats(probe.prog)
+    finally:
+        probe.stop()
+    return (t1 - t0) / max(c1 - c0, 1)
+
+
 def kernel_cost(
-    binary: Path, pcaps: dict[int, Path], packets: int
-) -> dict[tuple[int, bool], float]:
-    out = {}
+    binary: Path, pcaps: dict[int, Path], baseline: Path | None
+) -> tuple[dict[tuple[int, bool], float], dict[tuple[int, bool], float]]:
+    """cgloop's cost per case; with a baseline build, the baseline's right after it (same load)."""
+    out, base = {}, {}
     for flows, pcap in pcaps.items():
         for rtp in (True, False):
-            probe = Probe(binary, *([] if rtp else ["--no-rtp"]))
-            try:
-                replay(pcap)  # warm-up: creates the flows
-                t0, c0 = prog_stats(probe.prog)
-                replay(pcap)
-                t1, c1 = prog_stats(probe.prog)
-            finally:
-                probe.stop()
-            out[(flows, rtp)] = (t1 - t0) / max(c1 - c0, 1)
+            out[(flows, rtp)] = per = one_cost(binary, pcap, rtp)
             mode = "on " if rtp else "off"
-            per = out[(flows, rtp)]
-            print(f"  {flows:>7} flows, RTP parsing {mode}: {per:7.1f} ns/packet", flush=True)
-    return out
+            line = f"  {flows:>7} flows, RTP parsing {mode}: {per:7.1f} ns/packet"
+            if baseline is not None:
+                base[(flows, rtp)] = old = one_cost(baseline, pcap, rtp)
+                line += f"   baseline {old:7.1f} ns/packet, baseline / cgloop {old / per:.2f}x"
+            print(line, flush=True)
+    return out, base
 
 
 def floor_cost(pcap: Path, tmp: Path) -> dict[str, float]:
@@ -262,6 +270,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--packets", type=int, default=300_000, help="packets per replay")
     parser.add_argument("--export-seconds", type=float, default=4.0)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a previous cgloop-probe build, measured side by side (1. and 3.)",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/probe needs root (network namespaces, BPF)")
@@ -270,6 +284,8 @@ def main() -> None:
             sys.exit(f"{tool} missing: run `make setup` (scripts/bootstrap.d/probe.apt lists it)")
     binary = find_binary("cgloop-probe")
     print(f"cgloop-probe: {binary}")
+    if args.baseline is not None:
+        print(f"baseline:     {args.baseline}")
     old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
     netns_down()
@@ -282,7 +298,11 @@ def main() -> None:
                 pcaps[flows] = tmp / f"udp-rtp-{flows}.pcap"
                 write_pcap(pcaps[flows], flows, args.packets, mac_b)
             print("\n1. XDP program cost in the kernel (bpf_stats: run_time_ns / run_cnt)")
-            cost = kernel_cost(binary, pcaps, args.packets)
+            cost, _ = kernel_cost(binary, pcaps, args.baseline)
+            lru = cost[(100_000, True)]
+            hashed = one_cost(binary, pcaps[100_000], True, "--flow-table", "hash")
+            print(f"  100000 flows, RTP on, --flow-table hash: {hashed:7.1f} ns/packet"
+                  f" (LRU just before: {lru:.1f}, LRU / hash {lru / hashed:.2f}x)")  # fmt: skip
             floor = floor_cost(pcaps[1], tmp)
             print(f"  baseline: empty XDP program {floor['floor_empty']:.1f} ns/packet, "
                   f"clock read only {floor['floor_clock']:.1f} ns/packet")  # fmt: skip
@@ -297,6 +317,10 @@ def main() -> None:
             print("\n3. Export rate (100 k flows refreshed by a looping replay)")
             rate, records = export_rate(binary, pcaps[100_000], args.export_seconds)
             print(f"  {records} records, {rate:,.0f} records per exporter CPU second")
+            if args.baseline is not None:
+                old, old_records = export_rate(args.baseline, pcaps[100_000], args.export_seconds)
+                print(f"  baseline: {old_records} records, {old:,.0f} records per exporter CPU "
+                      f"second; cgloop / baseline {rate / old:.2f}x")  # fmt: skip
     finally:
         netns_down()
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)

@@ -328,7 +328,6 @@ __noinline int cgloop_account(const struct pkt_info *pi)
 	 * receive queue are serialised by NAPI; two CPUs sending one flow at once may lose counts. */
 	v->packets++;
 	v->bytes += l3_len;
-	v->size_sum += l3_len;
 	v->size_sum_sq += (__u64)l3_len * l3_len;
 	v->ecn[tos & 3]++;
 	v->last_dscp = tos >> 2;

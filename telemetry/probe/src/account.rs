@@ -69,9 +69,9 @@ pub fn account(
     let l3 = p.l3_len;
     v.packets += 1;
     v.bytes += l3 as u64;
-    v.size_sum += l3 as u64;
     v.size_sum_sq += l3 as u64 * l3 as u64;
-    v.ecn[(p.tos & 3) as usize] += 1;
+    let e = &mut v.ecn[(p.tos & 3) as usize];
+    *e = e.wrapping_add(1); // u32 in the table: deltas wrap
     v.last_dscp = p.tos >> 2;
     v.size_hist[log2_u64(l3 as u64).min(SIZE_BUCKETS - 1)] += 1;
     if v.epoch != epoch {

@@ -8,6 +8,7 @@ unsafe impl plain::Plain for FlowValue {}
 
 pub const KEY_SIZE: usize = std::mem::size_of::<FlowKey>();
 pub type KeyBytes = [u8; KEY_SIZE];
+pub const VALUE_SIZE: usize = std::mem::size_of::<FlowValue>();
 
 pub const DIR_INGRESS: u8 = 1;
 pub const DIR_EGRESS: u8 = 2;

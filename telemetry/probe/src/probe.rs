@@ -16,7 +16,7 @@ use libbpf_rs::{MapCore, MapFlags, TcHookBuilder, Xdp, XdpFlags, TC_EGRESS};
 
 use crate::bpf_types::{
     key_from, value_from, FlowKey, FlowValue, FIRST_ERROR_STAT, KEY_SIZE, STAT_ACCOUNTED,
-    STAT_FLOWS_CREATED, STAT_NAMES, STAT_NON_IP, STAT_PACKETS,
+    STAT_FLOWS_CREATED, STAT_NAMES, STAT_NON_IP, STAT_PACKETS, VALUE_SIZE,
 };
 use crate::metrics::Metrics;
 use crate::skel::{FlowProbeSkel, FlowProbeSkelBuilder};
@@ -48,6 +48,12 @@ pub struct RunArgs {
     /// Flow table size (LRU: the least recently used flow is evicted when full).
     #[arg(long, default_value_t = 65536)]
     max_flows: u32,
+    /// Flow table kind: `lru` (preallocated LRU hash: when full, the least recently used flow
+    /// is evicted) or `hash` (hash map with entries allocated on insert, BPF_F_NO_PREALLOC:
+    /// fewer TLB misses per packet at 10 k+ flows; when full, new flows are not tracked and
+    /// count as map_update_failed until the sweep expires idle ones).
+    #[arg(long, default_value = "lru")]
+    flow_table: String,
     /// XDP attach mode: auto (native, else generic with a warning), native or generic.
     #[arg(long, default_value = "auto")]
     xdp_mode: String,
@@ -265,6 +271,20 @@ pub fn run(args: RunArgs) -> Result<()> {
         .flows
         .set_max_entries(args.max_flows)
         .context("sizing the flow table")?;
+    match args.flow_table.as_str() {
+        "lru" => {}
+        "hash" => {
+            open.maps
+                .flows
+                .set_type(libbpf_rs::MapType::Hash)
+                .context("flow table type")?;
+            open.maps
+                .flows
+                .set_map_flags(libbpf_sys::BPF_F_NO_PREALLOC)
+                .context("flow table flags")?;
+        }
+        other => bail!("--flow-table {other:?}: expected lru or hash"),
+    }
     if args.no_egress {
         open.progs.cgloop_tc_egress.set_autoload(false);
     }
@@ -391,14 +411,15 @@ pub fn run(args: RunArgs) -> Result<()> {
         .duration_s
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut deleted_total: u64 = 0;
+    let mut reader = TableReader::new(BATCH);
     let mut next = Instant::now() + interval;
     loop {
         let finish = stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d);
         let started = Instant::now();
         let epoch = bump_epoch(&mut skel);
         let now = clock_ns(libc::CLOCK_MONOTONIC) as u64;
-        let entries = read_flows(&skel)?;
-        let swept = sweeper.sweep(now, epoch, entries, finish);
+        let entries = reader.read(&skel.maps.flows)?;
+        let swept = sweeper.sweep(now, epoch, entries.drain(..), finish);
         deleted_total += delete_flows(&skel, &swept.expired);
         metrics.expired.inc_by(swept.expired.len() as u64);
         let stats = sum_stats(&skel);
@@ -484,15 +505,80 @@ fn bump_epoch(skel: &mut FlowProbeSkel<'_>) -> u32 {
     }
 }
 
-fn read_flows(skel: &FlowProbeSkel<'_>) -> Result<Vec<(FlowKey, FlowValue)>> {
-    let iter = skel
-        .maps
-        .flows
-        .lookup_batch(BATCH, MapFlags::ANY, MapFlags::ANY)
-        .context("reading the flow table")?;
-    Ok(iter
-        .filter_map(|(k, v)| Some((key_from(&k)?, value_from(&v)?)))
-        .collect())
+/// Reads the whole flow table with BPF_MAP_LOOKUP_BATCH into buffers kept between sweeps.
+/// Not libbpf-rs's batch iterator, which allocates two Vecs per entry. The loop goes on until
+/// the kernel says ENOENT (a hash map hands out whole buckets, so a batch may come back short).
+pub(crate) struct TableReader {
+    batch: u32,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    entries: Vec<(FlowKey, FlowValue)>,
+}
+
+impl TableReader {
+    pub(crate) fn new(batch: u32) -> Self {
+        Self {
+            batch: batch.max(1),
+            keys: vec![0; batch.max(1) as usize * KEY_SIZE],
+            values: vec![0; batch.max(1) as usize * VALUE_SIZE],
+            entries: Vec::new(),
+        }
+    }
+
+    /// Every entry of the flow table `map` (a `flows` map of this skeleton's layout).
+    pub(crate) fn read(&mut self, map: &impl MapCore) -> Result<&mut Vec<(FlowKey, FlowValue)>> {
+        use std::os::fd::AsRawFd;
+        let fd = map.as_fd().as_raw_fd();
+        let opts = libbpf_sys::bpf_map_batch_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+            ..Default::default()
+        };
+        // The batch token of hash maps is a bucket index (u32); KEY_SIZE bytes are plenty.
+        let mut token = [[0u8; KEY_SIZE]; 2];
+        let mut first = true;
+        self.entries.clear();
+        loop {
+            let mut count = self.batch;
+            let (cur, next) = token.split_at_mut(1);
+            let ret = unsafe {
+                libbpf_sys::bpf_map_lookup_batch(
+                    fd,
+                    if first {
+                        std::ptr::null_mut()
+                    } else {
+                        cur[0].as_mut_ptr().cast()
+                    },
+                    next[0].as_mut_ptr().cast(),
+                    self.keys.as_mut_ptr().cast(),
+                    self.values.as_mut_ptr().cast(),
+                    &mut count,
+                    &opts,
+                )
+            };
+            let err = if ret < 0 { -ret } else { 0 };
+            if err == libc::EINTR {
+                continue;
+            }
+            if err != 0 && err != libc::ENOENT {
+                return Err(std::io::Error::from_raw_os_error(err))
+                    .context("reading the flow table (BPF_MAP_LOOKUP_BATCH)");
+            }
+            let n = (count as usize).min(self.batch as usize);
+            for (k, v) in self.keys[..n * KEY_SIZE]
+                .chunks_exact(KEY_SIZE)
+                .zip(self.values[..n * VALUE_SIZE].chunks_exact(VALUE_SIZE))
+            {
+                if let (Some(k), Some(v)) = (key_from(k), value_from(v)) {
+                    self.entries.push((k, v));
+                }
+            }
+            if err == libc::ENOENT {
+                return Ok(&mut self.entries);
+            }
+            token[0] = token[1];
+            first = false;
+        }
+    }
 }
 
 /// Deletes expired flows in batches; falls back to one by one when a key is already gone.

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 /// foldhash with a per-process random seed: cheaper than SipHash on 48-byte keys
 /// (SipHash was a fifth of a sweep's CPU), and unlike Fx not predictable from outside.
-type FlowMap = HashMap<KeyBytes, FlowValue, foldhash::fast::RandomState>;
+/// Each flow's value at the previous sweep, with the sweep generation that last saw it.
+type FlowMap = HashMap<KeyBytes, (FlowValue, u64), foldhash::fast::RandomState>;
 
 use cgloop_proto::v1::{Direction, FiveTuple, FlowRecord, Log2Histogram, RecordHeader, RtpStats};
 
@@ -46,10 +47,11 @@ pub struct Swept {
 
 pub struct Sweeper {
     cfg: SweepConfig,
-    /// Value of each flow at the previous sweep: the base of the next deltas.
+    /// Value of each flow at the previous sweep: the base of the next deltas. Updated in place
+    /// (one hash lookup per flow and sweep); flows the table no longer holds are dropped by
+    /// generation.
     prev: FlowMap,
-    /// The next `prev`, kept allocated between sweeps.
-    next: FlowMap,
+    generation: u64,
     last_sweep_ns: Option<u64>,
     sequence: u64,
     /// Added to table timestamps to get ns since the Unix epoch (0 for pcap times).
@@ -119,7 +121,7 @@ impl Sweeper {
         Self {
             cfg,
             prev: FlowMap::default(),
-            next: FlowMap::default(),
+            generation: 0,
             last_sweep_ns: None,
             sequence: 0,
             clock_offset_ns: 0,
@@ -138,29 +140,38 @@ impl Sweeper {
         I: IntoIterator<Item = (FlowKey, FlowValue)>,
     {
         let mut out = Swept::default();
-        let mut seen = std::mem::take(&mut self.next);
-        seen.clear();
+        self.generation += 1;
+        let generation = self.generation;
+        let mut prev = std::mem::take(&mut self.prev);
+        let mut kept = 0usize;
         for (key, value) in entries {
             out.live += 1;
             let kb = key_bytes(&key);
-            let before = self.prev.get(&kb).copied().unwrap_or_default();
+            let slot = prev
+                .entry(kb)
+                .or_insert_with(|| (FlowValue::default(), generation));
             let idle = now.saturating_sub(value.last_ns);
             let ended = value.tcp_flags_life & (TCP_FIN | TCP_RST) != 0;
             let expired = finish
                 || idle >= self.cfg.idle_timeout_ns
                 || (ended && idle >= self.cfg.tcp_end_timeout_ns);
-            if value.packets != before.packets || expired {
-                let record = self.record(&key, &value, &before, now, epoch, expired);
+            if value.packets != slot.0.packets || expired {
+                let record = self.record(&key, &value, &slot.0, now, epoch, expired);
                 out.records.push(record);
             }
             if expired {
+                prev.remove(&kb);
                 out.expired.push(kb);
             } else {
-                seen.insert(kb, value);
+                *slot = (value, generation);
+                kept += 1;
             }
         }
         // Flows missing from the table were evicted (LRU) or deleted by someone else.
-        self.next = std::mem::replace(&mut self.prev, seen);
+        if prev.len() != kept {
+            prev.retain(|_, (_, g)| *g == generation);
+        }
+        self.prev = prev;
         self.last_sweep_ns = Some(now);
         out
     }
@@ -233,16 +244,16 @@ impl Sweeper {
             last_seen_ns: self.wall(v.last_ns),
             size_min_bytes: if current { v.size_min } else { 0 },
             size_max_bytes: if current { v.size_max } else { 0 },
-            size_sum_bytes: delta(v.size_sum, b.size_sum),
+            size_sum_bytes: delta(v.bytes, b.bytes),
             size_sum_squares_bytes2: delta(v.size_sum_sq, b.size_sum_sq),
             size_histogram_bytes: histogram(&v.size_hist, &b.size_hist),
             inter_arrival_histogram_ns: histogram(&v.iat_hist, &b.iat_hist),
             max_burst_packets: if current { v.max_burst } else { 0 },
             burst_count: delta(v.burst_count, b.burst_count) as u32,
-            ecn_not_ect_packets: delta(v.ecn[0], b.ecn[0]),
-            ecn_ect0_packets: delta(v.ecn[2], b.ecn[2]),
-            ecn_ect1_packets: delta(v.ecn[1], b.ecn[1]),
-            ecn_ce_packets: delta(v.ecn[3], b.ecn[3]),
+            ecn_not_ect_packets: v.ecn[0].wrapping_sub(b.ecn[0]) as u64,
+            ecn_ect0_packets: v.ecn[2].wrapping_sub(b.ecn[2]) as u64,
+            ecn_ect1_packets: v.ecn[1].wrapping_sub(b.ecn[1]) as u64,
+            ecn_ce_packets: v.ecn[3].wrapping_sub(b.ecn[3]) as u64,
             last_dscp: v.last_dscp as u32,
             tcp_flags_seen: if current { v.tcp_flags as u32 } else { 0 },
             rtp,
@@ -323,5 +334,28 @@ mod tests {
         assert_eq!(s.records[0].packets, 0);
         assert_eq!(s.expired.len(), 1);
         assert_eq!(s.records[0].header.as_ref().unwrap().sequence, 3);
+    }
+
+    #[test]
+    fn a_flow_gone_from_the_table_starts_over_when_it_returns() {
+        let cfg = AccountConfig::default();
+        let mut sweeper = Sweeper::new(SweepConfig::default());
+        let f = frame(0, 100);
+        let p = parse_ethernet(&f, f.len() as u32).unwrap();
+        let mut v = new_flow(1_000, 0, p.l3_len);
+        account(&mut v, &p, 1_000, 0, &cfg);
+        account(&mut v, &p, 2_000, 0, &cfg);
+        let s = sweeper.sweep(10_000, 0, [(p.key, v)], false);
+        assert_eq!(s.records[0].packets, 2);
+        // Unchanged: no record; then evicted (missing from one sweep): forgotten.
+        assert!(sweeper
+            .sweep(20_000, 1, [(p.key, v)], false)
+            .records
+            .is_empty());
+        assert_eq!(sweeper.sweep(30_000, 2, [], false).live, 0);
+        // Back with the same cumulative value: everything counts again, from a zero base.
+        let s = sweeper.sweep(40_000, 3, [(p.key, v)], false);
+        assert_eq!((s.records.len(), s.records[0].packets), (1, 2));
+        assert_eq!(s.records[0].size_sum_bytes, s.records[0].bytes);
     }
 }
