@@ -43,6 +43,9 @@ pub struct BenchArgs {
     /// Skip the loopback part.
     #[arg(long)]
     memory_only: bool,
+    /// Collector workers (SO_REUSEPORT sockets) and sender threads in the loopback run.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
     /// Output JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -66,9 +69,21 @@ fn pool(a: &BenchArgs) -> Result<Vec<Vec<u8>>> {
         .collect())
 }
 
-/// Run `f` over the pool until `seconds` pass; returns (reports/s, reports, records).
-fn timed(pool: &[Vec<u8>], seconds: f64, mut f: impl FnMut(&[u8], u64) -> (u64, u64)) -> (f64, u64, u64) {
+/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in seconds.
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Run `f` over the pool until the thread used `seconds` of CPU; returns (reports per
+/// CPU-second, reports per wall second, reports, records). "Per core" is per CPU-second of
+/// the measuring thread: on a shared machine wall time also counts the time other processes
+/// held the core (both are printed).
+fn timed(pool: &[Vec<u8>], seconds: f64, mut f: impl FnMut(&[u8], u64) -> (u64, u64)) -> (f64, f64, u64, u64) {
     let start = Instant::now();
+    let cpu0 = thread_cpu_s();
     let (mut reports, mut records) = (0u64, 0u64);
     // Simulated clock: 1 µs per packet, so periodic rules fire as in a 1 M reports/s stream.
     let mut t = 1_000_000_000u64;
@@ -80,17 +95,18 @@ fn timed(pool: &[Vec<u8>], seconds: f64, mut f: impl FnMut(&[u8], u64) -> (u64, 
                 reports += a;
                 records += b;
             }
-            if start.elapsed().as_secs_f64() >= seconds {
+            if thread_cpu_s() - cpu0 >= seconds {
                 break 'outer;
             }
         }
     }
-    (reports as f64 / start.elapsed().as_secs_f64(), reports, records)
+    let cpu = (thread_cpu_s() - cpu0).max(1e-9);
+    (reports as f64 / cpu, reports as f64 / start.elapsed().as_secs_f64(), reports, records)
 }
 
 fn memory(pool: &[Vec<u8>], seconds: f64) -> serde_json::Value {
     let detect = IntDetect::default();
-    let (parse_rps, _, _) = timed(pool, seconds, |p, _| {
+    let (parse_rps, parse_wall, _, _) = timed(pool, seconds, |p, _| {
         let mut n = 0;
         let _ = parse_packet(p, &detect, &mut |r| {
             if let Ok(r) = r {
@@ -107,7 +123,7 @@ fn memory(pool: &[Vec<u8>], seconds: f64) -> serde_json::Value {
     let mut state = State::new(EventConfig::default(), "bench");
     let mut out: Vec<IntRecord> = Vec::new();
     let mut last_tick = 0u64;
-    let (coll_rps, reports, records) = timed(pool, seconds, |p, t| {
+    let (coll_rps, coll_wall, reports, records) = timed(pool, seconds, |p, t| {
         let mut n = 0;
         let _ = parse_packet(p, &detect, &mut |r| {
             if let Ok(r) = r {
@@ -125,7 +141,7 @@ fn memory(pool: &[Vec<u8>], seconds: f64) -> serde_json::Value {
         }
         (n, recs)
     });
-    let (all_rps, _, _) = timed(pool, seconds, |p, t| {
+    let (all_rps, all_wall, _, _) = timed(pool, seconds, |p, t| {
         let mut n = 0;
         let _ = parse_packet(p, &detect, &mut |r| {
             if let Ok(r) = r {
@@ -146,6 +162,7 @@ fn memory(pool: &[Vec<u8>], seconds: f64) -> serde_json::Value {
         "collector_reports_per_s": coll_rps,
         "parse_only_reports_per_s": parse_rps,
         "export_every_report_reports_per_s": all_rps,
+        "wall_clock": {"collector_reports_per_s": coll_wall, "parse_only_reports_per_s": parse_wall, "export_every_report_reports_per_s": all_wall},
         "filter_ratio": if records > 0 { reports as f64 / records as f64 } else { f64::INFINITY },
         "reports": reports,
         "records": records,
@@ -153,10 +170,10 @@ fn memory(pool: &[Vec<u8>], seconds: f64) -> serde_json::Value {
 }
 
 /// Blast the pool at `target` with sendmmsg from one thread until `stop`.
-fn blaster(pool: Arc<Vec<Vec<u8>>>, target: SocketAddr, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> Result<()> {
+fn blaster(pool: Arc<Vec<Vec<u8>>>, target: SocketAddr, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>, k: usize) -> Result<()> {
     let sock = UdpSocket::bind("127.0.0.1:0")?;
     sock.connect(target)?;
-    let mut i = 0usize;
+    let mut i = k * pool.len() / 2;
     while !stop.load(Ordering::Relaxed) {
         let mut iov: Vec<libc::iovec> = (0..64)
             .map(|k| {
@@ -184,48 +201,95 @@ fn blaster(pool: Arc<Vec<Vec<u8>>>, target: SocketAddr, stop: Arc<AtomicBool>, s
     Ok(())
 }
 
-/// One receiver thread fed by one blaster; `collector` selects the real worker or a bare
-/// recvmmsg counting loop. Returns (datagrams received/s, reports/s, filter ratio, sent/s).
-fn loopback(pool: Arc<Vec<Vec<u8>>>, seconds: f64, collector: bool) -> Result<(f64, f64, f64, f64)> {
-    let sock = recv::bind_reuseport("127.0.0.1:0".parse()?, 32 << 20)?;
-    let addr = sock.local_addr()?;
+/// What receives on the loopback sockets.
+#[derive(Debug, Clone, Copy)]
+enum Rx {
+    /// One recv(2) per datagram: the plain loop most collectors start with (named baseline).
+    PlainRecv,
+    /// recvmmsg(2) of `batch`, counting datagrams only: the kernel's UDP receive limit.
+    Recvmmsg(usize),
+    /// The collector's worker (recvmmsg of `batch` + parse + state + events).
+    Collector(usize),
+}
+
+struct Loop {
+    datagrams_per_s: f64,
+    reports_per_s: f64,
+    filter_ratio: f64,
+    sent_per_s: f64,
+}
+
+/// `sockets` SO_REUSEPORT sockets on one port, one receiver thread each, fed by `senders`
+/// blaster threads (each its own source port, so the kernel's 4-tuple hash spreads them).
+fn loopback(pool: Arc<Vec<Vec<u8>>>, seconds: f64, rx: Rx, sockets: usize, senders: usize) -> Result<Loop> {
+    let first = recv::bind_reuseport("127.0.0.1:0".parse()?, 32 << 20)?;
+    let addr = first.local_addr()?;
+    let mut socks = vec![first];
+    for _ in 1..sockets {
+        socks.push(recv::bind_reuseport(addr, 32 << 20)?);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let stats = Arc::new(Stats::default());
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let rx_thread = {
-        let (stop, stats) = (stop.clone(), stats.clone());
-        std::thread::spawn(move || -> Result<()> {
-            if collector {
-                recv::worker(sock, IntDetect::default(), EventConfig::default(), "bench".into(), stats, stop, tx)
-            } else {
-                let mut b = Batch::new();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok(k) = b.recv(&sock) {
-                        n += k as u64;
-                    }
+    let (tx, rxc) = crossbeam_channel::unbounded();
+    let mut receivers = Vec::new();
+    for (w, sock) in socks.into_iter().enumerate() {
+        let (stop, stats, tx) = (stop.clone(), stats.clone(), tx.clone());
+        receivers.push(std::thread::spawn(move || -> Result<()> {
+            let count = |n: u64| stats.packets.fetch_add(n, Ordering::Relaxed);
+            match rx {
+                Rx::Collector(batch) => {
+                    recv::worker(sock, IntDetect::default(), EventConfig::default(), format!("bench/w{w}"), stats.clone(), stop, tx, batch)?;
                 }
-                stats.packets.store(n, Ordering::Relaxed);
-                Ok(())
+                Rx::Recvmmsg(batch) => {
+                    let mut b = Batch::new(batch);
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(k) = b.recv(&sock) {
+                            n += k as u64;
+                        }
+                    }
+                    count(n);
+                }
+                Rx::PlainRecv => {
+                    let mut buf = vec![0u8; recv::MAX_DATAGRAM];
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        if sock.recv(&mut buf).is_ok() {
+                            n += 1;
+                        }
+                    }
+                    count(n);
+                }
             }
+            Ok(())
+        }));
+    }
+    drop(tx);
+    let drain = std::thread::spawn(move || rxc.iter().map(|v: Vec<IntRecord>| v.len()).sum::<usize>());
+    let blasters: Vec<_> = (0..senders)
+        .map(|k| {
+            let (stop, sent, pool) = (stop.clone(), sent.clone(), pool.clone());
+            std::thread::spawn(move || blaster(pool, addr, stop, sent, k))
         })
-    };
-    let drain = std::thread::spawn(move || rx.iter().map(|v: Vec<IntRecord>| v.len()).sum::<usize>());
-    let tx_thread = {
-        let (stop, sent) = (stop.clone(), sent.clone());
-        std::thread::spawn(move || blaster(pool, addr, stop, sent))
-    };
+        .collect();
     std::thread::sleep(Duration::from_secs_f64(seconds));
     stop.store(true, Ordering::Relaxed);
-    tx_thread.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    rx_thread.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    for t in blasters {
+        t.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    }
+    for t in receivers {
+        t.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    }
     let _ = drain.join();
-    let pk = stats.packets.load(Ordering::Relaxed) as f64 / seconds;
     let reports = stats.reports.load(Ordering::Relaxed) as f64;
     let records = stats.records.load(Ordering::Relaxed) as f64;
-    let ratio = if records > 0.0 { reports / records } else { f64::INFINITY };
-    Ok((pk, reports / seconds, ratio, sent.load(Ordering::Relaxed) as f64 / seconds))
+    Ok(Loop {
+        datagrams_per_s: stats.packets.load(Ordering::Relaxed) as f64 / seconds,
+        reports_per_s: reports / seconds,
+        filter_ratio: if records > 0.0 { reports / records } else { f64::INFINITY },
+        sent_per_s: sent.load(Ordering::Relaxed) as f64 / seconds,
+    })
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -244,19 +308,42 @@ pub fn run(a: BenchArgs) -> Result<()> {
     result["memory"]["ratio_vs_af_xdp_3M"] = (coll / AF_XDP_RPS).into();
     if !a.memory_only {
         let pool = Arc::new(pool);
-        let (kern_pk, _, _, kern_sent) = loopback(pool.clone(), a.seconds, false)?;
-        let (coll_pk, coll_rps, ratio, coll_sent) = loopback(pool, a.seconds, true)?;
-        result["loopback"] = serde_json::json!({
-            "kernel_udp_datagrams_per_s": kern_pk,
-            "kernel_sender_datagrams_per_s": kern_sent,
-            "collector_datagrams_per_s": coll_pk,
-            "collector_reports_per_s": coll_rps,
-            "collector_sender_datagrams_per_s": coll_sent,
-            "filter_ratio": ratio,
-            "ratio_vs_kernel_udp_limit": coll_pk / kern_pk.max(1.0),
-            "ratio_vs_intcollector_1_2M": coll_rps / INTCOLLECTOR_RPS,
-            "ratio_vs_af_xdp_3M": coll_rps / AF_XDP_RPS,
-        });
+        let workers = a.workers.max(1);
+        // Side by side, same pool, same machine state: the plain recv loop (baseline), bare
+        // recvmmsg at the former and the new batch size, then the collector as it was (1
+        // worker, batch 64) and as it runs now (N SO_REUSEPORT workers, batch 256, N senders).
+        let cases = [
+            ("plain_recv_1sock", Rx::PlainRecv, 1, 1),
+            ("recvmmsg64_1sock", Rx::Recvmmsg(64), 1, 1),
+            ("recvmmsg256_1sock", Rx::Recvmmsg(recv::DEFAULT_BATCH), 1, 1),
+            ("collector_batch64_1worker", Rx::Collector(64), 1, 1),
+            ("collector_batch256_nworkers", Rx::Collector(recv::DEFAULT_BATCH), workers, workers),
+        ];
+        let mut lb = serde_json::Map::new();
+        for (name, rx, socks, senders) in cases {
+            let l = loopback(pool.clone(), a.seconds, rx, socks, senders)?;
+            lb.insert(name.into(), serde_json::json!({
+                "sockets": socks, "senders": senders,
+                "datagrams_per_s": l.datagrams_per_s,
+                "sender_datagrams_per_s": l.sent_per_s,
+                "reports_per_s": l.reports_per_s,
+                "filter_ratio": if l.filter_ratio.is_finite() { serde_json::json!(l.filter_ratio) } else { serde_json::Value::Null },
+            }));
+        }
+        let dg = |k: &str| lb[k]["datagrams_per_s"].as_f64().unwrap_or(0.0);
+        let base = dg("plain_recv_1sock").max(1.0);
+        let ratios = [
+            ("ratio_recvmmsg256_vs_plain_recv", dg("recvmmsg256_1sock") / base),
+            ("ratio_collector_now_vs_plain_recv", dg("collector_batch256_nworkers") / base),
+            ("ratio_collector_now_vs_before", dg("collector_batch256_nworkers") / dg("collector_batch64_1worker").max(1.0)),
+        ];
+        for (k, v) in ratios {
+            lb.insert(k.into(), v.into());
+        }
+        let now_rps = lb["collector_batch256_nworkers"]["reports_per_s"].as_f64().unwrap_or(0.0);
+        lb.insert("ratio_vs_intcollector_1_2M".into(), (now_rps / INTCOLLECTOR_RPS).into());
+        lb.insert("ratio_vs_af_xdp_3M".into(), (now_rps / AF_XDP_RPS).into());
+        result["loopback"] = serde_json::Value::Object(lb);
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -271,16 +358,22 @@ fn print_text(r: &serde_json::Value) {
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
     println!("INT collector benchmark: {} reports, {} flows x {} hops, {:.0} B/packet, pool {} packets",
         r["format"].as_str().unwrap_or(""), r["flows"], r["hops"], f(&r["mean_packet_bytes"]), r["pool_packets"]);
-    println!("from memory, 1 core:");
-    println!("  collector (parse+state+filter): {:>6.2} M reports/s   filter ratio {:.0} reports/record", f(&m["collector_reports_per_s"]) / 1e6, f(&m["filter_ratio"]));
-    println!("  peer: parse only               {:>6.2} M reports/s   collector/parse-only = {:.2}", f(&m["parse_only_reports_per_s"]) / 1e6, f(&m["ratio_vs_parse_only"]));
-    println!("  peer: export every report      {:>6.2} M reports/s   collector/export-all = {:.2}", f(&m["export_every_report_reports_per_s"]) / 1e6, f(&m["ratio_vs_export_every_report"]));
+    println!("from memory, 1 core (reports per CPU-second of the measuring thread; wall-clock rate in brackets):");
+    let w = &m["wall_clock"];
+    println!("  collector (parse+state+filter): {:>6.2} M reports/s ({:.2})  filter ratio {:.0} reports/record", f(&m["collector_reports_per_s"]) / 1e6, f(&w["collector_reports_per_s"]) / 1e6, f(&m["filter_ratio"]));
+    println!("  peer: parse only               {:>6.2} M reports/s ({:.2})  collector/parse-only = {:.2}", f(&m["parse_only_reports_per_s"]) / 1e6, f(&w["parse_only_reports_per_s"]) / 1e6, f(&m["ratio_vs_parse_only"]));
+    println!("  peer: export every report      {:>6.2} M reports/s ({:.2})  collector/export-all = {:.2}", f(&m["export_every_report_reports_per_s"]) / 1e6, f(&w["export_every_report_reports_per_s"]) / 1e6, f(&m["ratio_vs_export_every_report"]));
     println!("  anchors: vs INTCollector 1.2 M/s = {:.2}x   vs AF_XDP collector 3 M/s/core = {:.2}x", f(&m["ratio_vs_intcollector_1_2M"]), f(&m["ratio_vs_af_xdp_3M"]));
     if let Some(l) = r.get("loopback") {
-        println!("over loopback, 1 sender thread + 1 receiver thread (2 cores):");
-        println!("  kernel UDP limit (bare recvmmsg): {:>6.3} M datagrams/s (sender {:.3} M/s)", f(&l["kernel_udp_datagrams_per_s"]) / 1e6, f(&l["kernel_sender_datagrams_per_s"]) / 1e6);
-        println!("  collector receive path:           {:>6.3} M datagrams/s = {:.3} M reports/s (sender {:.3} M/s)", f(&l["collector_datagrams_per_s"]) / 1e6, f(&l["collector_reports_per_s"]) / 1e6, f(&l["collector_sender_datagrams_per_s"]) / 1e6);
-        println!("  collector/kernel limit = {:.2}   filter ratio {:.0}   vs INTCollector = {:.2}x   vs AF_XDP = {:.2}x",
-            f(&l["ratio_vs_kernel_udp_limit"]), f(&l["filter_ratio"]), f(&l["ratio_vs_intcollector_1_2M"]), f(&l["ratio_vs_af_xdp_3M"]));
+        println!("over loopback (sender threads share the 2 cores with the receivers; datagrams received/s):");
+        for (k, v) in l.as_object().into_iter().flatten() {
+            if let Some(dg) = v.get("datagrams_per_s") {
+                println!("  {k:<28} {} sock/{} send  {:>6.3} M datagrams/s  (sent {:.3} M/s){}", v["sockets"], v["senders"], f(dg) / 1e6, f(&v["sender_datagrams_per_s"]) / 1e6,
+                    if v["reports_per_s"].as_f64().unwrap_or(0.0) > 0.0 { format!("  filter ratio {:.0}", f(&v["filter_ratio"])) } else { String::new() });
+            }
+        }
+        println!("  recvmmsg(256)/plain recv = {:.2}   collector now/plain recv = {:.2}   collector now/before (1 worker, batch 64) = {:.2}",
+            f(&l["ratio_recvmmsg256_vs_plain_recv"]), f(&l["ratio_collector_now_vs_plain_recv"]), f(&l["ratio_collector_now_vs_before"]));
+        println!("  vs INTCollector 1.2 M/s = {:.2}x   vs AF_XDP 3 M/s/core = {:.2}x", f(&l["ratio_vs_intcollector_1_2M"]), f(&l["ratio_vs_af_xdp_3M"]));
     }
 }

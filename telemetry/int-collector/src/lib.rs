@@ -9,3 +9,4 @@ pub mod bench;
 #[cfg(feature = "kafka")]
 pub mod export;
 pub mod recv;
+pub mod steer;

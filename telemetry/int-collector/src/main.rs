@@ -8,6 +8,7 @@ use cgloop_int_collector::gen::{Episode, GenConfig, Generator, Mode};
 use cgloop_int_collector::parse::inner::DEFAULT_INT_UDP_PORT;
 use cgloop_int_collector::parse::{Format, IntDetect};
 use cgloop_int_collector::recv::{self, Stats};
+use cgloop_int_collector::steer;
 use cgloop_int_collector::state::EventConfig;
 use clap::{Args, Parser, Subcommand};
 use std::net::{SocketAddr, UdpSocket};
@@ -57,9 +58,19 @@ struct RunArgs {
     /// Print a JSON stats line to stderr this often (seconds; 0 = never).
     #[arg(long, default_value_t = 0.0)]
     stats_interval: f64,
-    /// Socket receive buffer to request per socket (bytes).
-    #[arg(long, default_value_t = 8 << 20)]
+    /// Socket receive buffer per socket (bytes); SO_RCVBUFFORCE when permitted, so it may
+    /// exceed net.core.rmem_max.
+    #[arg(long, default_value_t = 32 << 20)]
     rcvbuf: usize,
+    /// How reports are spread over the workers: `sender` (the kernel's SO_REUSEPORT 4-tuple
+    /// hash: one switch, one worker) or `flow` (a classic BPF program hashing the inner
+    /// packet's addresses: one flow, one worker, so per-hop v0.5/INT-MX reports of a flow
+    /// meet on one worker).
+    #[arg(long, default_value = "sender", value_parser = ["sender", "flow"])]
+    steer: String,
+    /// Datagrams per recvmmsg(2) call (1..1024).
+    #[arg(long, default_value_t = recv::DEFAULT_BATCH)]
+    batch: usize,
 }
 
 #[derive(Args, Clone)]
@@ -287,15 +298,27 @@ fn run(a: RunArgs) -> Result<()> {
     let stats = Arc::new(Stats::default());
     let (tx, rx) = crossbeam_channel::bounded(1024);
     let mut handles = Vec::new();
-    for w in 0..workers {
-        let sock = recv::bind_reuseport(a.listen, a.rcvbuf)?;
-        let (detect, cfg, stats, stop, tx) = (detect.clone(), cfg.clone(), stats.clone(), stop.clone(), tx.clone());
+    let batch = a.batch;
+    // All sockets are bound before the workers start, so the steering program sees the whole
+    // group (socket index = bind order). An ephemeral --listen port binds once, then reuses it.
+    let mut socks = Vec::new();
+    let mut listen = a.listen;
+    for _ in 0..workers {
+        let s = recv::bind_reuseport(listen, a.rcvbuf)?;
+        listen = s.local_addr()?;
+        socks.push(s);
+    }
+    if a.steer == "flow" {
+        steer::attach(&socks[0], workers as u32).context("--steer flow")?;
+    }
+    for (w, sock) in socks.into_iter().enumerate() {
+        let (detect, cfg, stats, stop, tx) = (detect.clone(), cfg, stats.clone(), stop.clone(), tx.clone());
         let source = format!("{}/w{w}", a.source_id);
-        handles.push(std::thread::Builder::new().name(format!("int-w{w}")).spawn(move || recv::worker(sock, detect, cfg, source, stats, stop, tx))?);
+        handles.push(std::thread::Builder::new().name(format!("int-w{w}")).spawn(move || recv::worker(sock, detect, cfg, source, stats, stop, tx, batch))?);
     }
     drop(tx);
-    let bound = a.listen;
-    eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "kafka": a.kafka, "topic": a.topic}));
+    let bound = listen;
+    eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "steer": a.steer, "kafka": a.kafka, "topic": a.topic}));
     let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut exported = 0u64;

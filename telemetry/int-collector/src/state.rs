@@ -16,6 +16,7 @@
 //! * PERIODIC: each flow with reports since its last record, every `summary_interval`.
 //!   Flows idle for `flow_timeout` are forgotten.
 
+use crate::parse::metadata::{CompactHop, HAS_QUEUE, HAS_TX_UTIL};
 use crate::parse::{FlowKey, HopMetadata, Report};
 use cgloop_proto::v1::{
     int_record, FiveTuple, IntDropRecord, IntEventReason, IntFlowRecord, IntHop, IntQueueRecord,
@@ -65,28 +66,78 @@ impl Default for EventConfig {
     }
 }
 
+/// One hop's latest metadata, compact (40 B instead of the parser's ~120 B of `Option`s),
+/// decoded straight from the stack by the parser's plan.
+type Md = CompactHop;
+
+/// Per-hop state: latest metadata plus the quantised values last exported (the change
+/// baseline; `EXP_*` bits say whether a baseline exists).
 #[derive(Debug, Clone, Copy, Default)]
-struct HopState {
-    md: HopMetadata,
-    /// Quantised values at the last exported record (the change baseline).
-    exported_latency: Option<u32>,
-    exported_queue: Option<u32>,
+struct HopSlot {
+    md: Md,
+    exported_latency: u32,
+    exported_queue: u32,
 }
 
+const EXP_LATENCY: u8 = 0x40;
+const EXP_QUEUE: u8 = 0x80;
+
+impl HopSlot {
+    /// New latest values, keeping the exported baseline.
+    #[inline]
+    fn update(&mut self, md: &Md) {
+        let exp = self.md.has & (EXP_LATENCY | EXP_QUEUE);
+        self.md = *md;
+        self.md.has = (md.has & !(EXP_LATENCY | EXP_QUEUE)) | exp;
+    }
+    #[inline]
+    fn exported_latency(&self) -> Option<u32> {
+        (self.md.has & EXP_LATENCY != 0).then_some(self.exported_latency)
+    }
+    #[inline]
+    fn exported_queue(&self) -> Option<u32> {
+        (self.md.has & EXP_QUEUE != 0).then_some(self.exported_queue)
+    }
+    /// The current values become the baseline.
+    #[inline]
+    fn set_baseline(&mut self, lq: u32, qq: u32) {
+        self.md.has &= !(EXP_LATENCY | EXP_QUEUE);
+        if let Some(l) = self.md.latency() {
+            self.exported_latency = quantise(l, lq);
+            self.md.has |= EXP_LATENCY;
+        }
+        if let Some(q) = self.md.queue() {
+            self.exported_queue = quantise(q, qq);
+            self.md.has |= EXP_QUEUE;
+        }
+    }
+}
+
+/// Per-flow state. The small fields the steady state touches come first (`repr(C)`), so a
+/// report of a 4-hop flow touches ~5 cache lines (was ~2 KB per flow with 16 hop slots of the
+/// parser's metadata, see bench/int-collector/README.md).
 #[derive(Debug, Clone)]
+#[repr(C)]
 struct FlowState {
-    path: [u32; MAX_HOPS],
-    hops: [HopState; MAX_HOPS],
-    len: usize,
     first_seen_ns: u64,
     last_seen_ns: u64,
     last_export_ns: u64,
-    reports: u64,
+    reports: u32,
     last_seq: u32,
     reporter: u32,
+    len: u8,
     /// Per-hop (postcard/MX/v0.5) flows are announced after `settle`.
     announced: bool,
     stacked: bool,
+    path: [u32; MAX_HOPS],
+    hops: [HopSlot; MAX_HOPS],
+}
+
+impl FlowState {
+    #[inline]
+    fn len(&self) -> usize {
+        usize::from(self.len)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -184,21 +235,21 @@ impl State {
         // top of the stack (sink option 1 vs 2 of INT v2.1 §5.7).
         // Stack hops are written backwards from the end of `buf` (so path order needs no second
         // pass), the reporter's own metadata goes into the last slot.
-        let mut buf = [HopMetadata::default(); MAX_HOPS + 1];
+        let mut buf = [Md::default(); MAX_HOPS + 1];
         let mut start = MAX_HOPS;
         let mut stacked = false;
         if let Some(int) = &r.inner.int {
-            for (md, _ds) in int.hops().flatten().take(MAX_HOPS) {
+            for md in int.compact_hops().take(MAX_HOPS) {
                 start -= 1;
                 buf[start] = md;
             }
             stacked = start < MAX_HOPS;
         }
         let mut end = MAX_HOPS;
-        if let Some(local) = r.local {
-            let dup = stacked && buf[MAX_HOPS - 1].node_id == local.node_id;
+        if let Some(local) = &r.local {
+            let dup = stacked && buf[MAX_HOPS - 1].node() == local.node_id;
             if !dup {
-                buf[MAX_HOPS] = local;
+                buf[MAX_HOPS] = Md::from_metadata(local);
                 end += 1;
             }
         }
@@ -217,21 +268,20 @@ impl State {
         }
     }
 
-    fn queue_events(&mut self, r: &Report<'_>, hops: &[HopMetadata], now: u64, out: &mut Vec<IntRecord>) {
+    fn queue_events(&mut self, r: &Report<'_>, hops: &[Md], now: u64, out: &mut Vec<IntRecord>) {
         for h in hops {
-            let Some(switch) = h.node_id else { continue };
+            let Some(switch) = h.node() else { continue };
             let is_reporter = switch == r.node_id && r.local.is_some();
-            let occ = h.queue_occupancy;
             let q_flag = is_reporter && r.congested;
-            if occ.is_none() && !q_flag {
+            if h.has & HAS_QUEUE == 0 && !q_flag {
                 continue;
             }
-            let occ_v = occ.unwrap_or(0);
+            let occ_v = h.queue_occ;
             // Steady state: nothing congested anywhere and this queue below the threshold.
             if self.congested_queues == 0 && !q_flag && occ_v < self.cfg.congestion_on_cells {
                 continue;
             }
-            let key = QueueKey { switch, port: h.l1_egress_port.unwrap_or(0), queue: h.queue_id.unwrap_or(0) };
+            let key = QueueKey { switch, port: h.egress_port, queue: h.queue_id };
             let was = self.queues.get(&key).copied().unwrap_or(false);
             let now_congested = if was {
                 q_flag || occ_v >= self.cfg.congestion_off_cells
@@ -252,9 +302,9 @@ impl State {
                     egress_port: u32::from(key.port),
                     queue_id: u32::from(key.queue),
                     queue_occupancy_cells: occ_v,
-                    queue_latency_ns: u64::from(h.hop_latency.unwrap_or(0)),
+                    queue_latency_ns: u64::from(h.latency),
                     congested: now_congested,
-                    egress_tx_utilization: self.tx_util(h),
+                    egress_tx_utilization: tx_util(h, self.cfg.tx_util_full_scale),
                 };
                 out.push(IntRecord { record: Some(int_record::Record::Queue(rec)) });
             }
@@ -290,53 +340,57 @@ impl State {
         out.push(IntRecord { record: Some(int_record::Record::Drop(rec)) });
     }
 
-    fn flow_events(&mut self, r: &Report<'_>, key: FlowKey, hops: &[HopMetadata], stacked: bool, now: u64, out: &mut Vec<IntRecord>) {
+    fn flow_events(&mut self, r: &Report<'_>, key: FlowKey, hops: &[Md], stacked: bool, now: u64, out: &mut Vec<IntRecord>) {
         let cfg = self.cfg;
         let mut reason = None;
-        let fs = match self.flows.get_mut(&key) {
-            Some(fs) => fs,
-            None => {
+        let mut is_new = false;
+        let fs = match self.flows.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
                 self.counters.flows += 1;
-                self.flows.entry(key).or_insert(FlowState {
-                    path: [0; MAX_HOPS],
-                    hops: [HopState::default(); MAX_HOPS],
-                    len: 0,
+                is_new = true;
+                e.insert(FlowState {
                     first_seen_ns: now,
                     last_seen_ns: now,
                     last_export_ns: now,
                     reports: 0,
                     last_seq: 0,
                     reporter: r.node_id,
+                    len: 0,
                     announced: stacked,
                     stacked,
+                    path: [0; MAX_HOPS],
+                    hops: [HopSlot::default(); MAX_HOPS],
                 })
             }
         };
-        let is_new = fs.reports == 0;
-        fs.reports += 1;
+        fs.reports = fs.reports.saturating_add(1);
         fs.last_seen_ns = now;
         fs.last_seq = r.sequence;
         fs.reporter = r.node_id;
         if stacked {
             fs.stacked = true;
-            let same = fs.len == hops.len()
-                && hops.iter().zip(&fs.path[..fs.len]).all(|(h, p)| h.node_id.unwrap_or(0) == *p);
+            let same = fs.len() == hops.len() && hops.iter().zip(&fs.path[..fs.len()]).all(|(h, p)| h.node == *p);
             if !same {
-                fs.len = hops.len();
+                // `hops` holds at most MAX_HOPS (= 16) entries.
+                fs.len = hops.len() as u8;
                 for (i, h) in hops.iter().enumerate() {
-                    fs.path[i] = h.node_id.unwrap_or(0);
-                    fs.hops[i] = HopState { md: *h, ..HopState::default() };
+                    fs.path[i] = h.node;
+                    fs.hops[i] = HopSlot { md: *h, ..HopSlot::default() };
+                    fs.hops[i].md.has &= !(EXP_LATENCY | EXP_QUEUE);
                 }
                 reason = Some(if is_new { IntEventReason::NewFlow } else { IntEventReason::PathChange });
                 fs.announced = true;
             }
         } else {
             // Per-hop report: find (or append) its switch on the flow's path.
-            let h = hops[hops.len() - 1];
-            let id = h.node_id.unwrap_or(0);
-            if !fs.path[..fs.len].contains(&id) && fs.len < MAX_HOPS {
-                fs.path[fs.len] = id;
-                fs.hops[fs.len] = HopState { md: h, ..HopState::default() };
+            let h = &hops[hops.len() - 1];
+            let id = h.node;
+            let n = fs.len();
+            if !fs.path[..n].contains(&id) && n < MAX_HOPS {
+                fs.path[n] = id;
+                fs.hops[n] = HopSlot { md: *h, ..HopSlot::default() };
+                fs.hops[n].md.has &= !(EXP_LATENCY | EXP_QUEUE);
                 fs.len += 1;
                 if fs.announced {
                     reason = Some(IntEventReason::PathChange);
@@ -346,28 +400,29 @@ impl State {
         // Hop values: update, and compare quantised values with the exported baseline.
         let lq = cfg.latency_quantum_ns;
         let qq = cfg.queue_quantum_cells;
+        let n = fs.len();
         for (j, h) in hops.iter().enumerate() {
             // A stack is the path itself; a per-hop report is found by its switch id.
             let i = if stacked {
                 j
             } else {
-                match fs.path[..fs.len].iter().position(|p| Some(*p) == h.node_id) {
+                match fs.path[..n].iter().position(|p| Some(*p) == h.node()) {
                     Some(i) => i,
                     None => continue,
                 }
             };
             let st = &mut fs.hops[i];
-            st.md = *h;
+            st.update(h);
             if reason.is_some() {
                 continue;
             }
-            if let Some(l) = h.hop_latency {
-                if changed(st.exported_latency, quantise(l, lq), cfg.latency_abs_ns, cfg.latency_rel) {
+            if let Some(l) = h.latency() {
+                if changed(st.exported_latency(), quantise(l, lq), cfg.latency_abs_ns, cfg.latency_rel) {
                     reason = Some(IntEventReason::LatencyChange);
                 }
             }
-            if let Some(q) = h.queue_occupancy {
-                if reason.is_none() && changed(st.exported_queue, quantise(q, qq), cfg.queue_abs_cells, cfg.queue_rel) {
+            if let Some(q) = h.queue() {
+                if reason.is_none() && changed(st.exported_queue(), quantise(q, qq), cfg.queue_abs_cells, cfg.queue_rel) {
                     reason = Some(IntEventReason::QueueChange);
                 }
             }
@@ -378,53 +433,50 @@ impl State {
                 reason = Some(IntEventReason::NewFlow);
             } else {
                 // Baselines start from the first values seen.
-                for st in &mut fs.hops[..fs.len] {
-                    st.exported_latency = st.md.hop_latency.map(|l| quantise(l, lq));
-                    st.exported_queue = st.md.queue_occupancy.map(|q| quantise(q, qq));
+                for st in &mut fs.hops[..n] {
+                    st.set_baseline(lq, qq);
                 }
             }
         }
         if let Some(reason) = reason {
-            self.export_flow(key, reason, now, out);
+            let rec = self.flow_record(key, reason, now, out);
+            out.extend(rec);
         }
     }
 
-    fn export_flow(&mut self, key: FlowKey, reason: IntEventReason, now: u64, out: &mut Vec<IntRecord>) {
+    /// The flow's record (and its hop records, pushed to `out` first); the current values
+    /// become the change baseline.
+    fn flow_record(&mut self, key: FlowKey, reason: IntEventReason, now: u64, out: &mut Vec<IntRecord>) -> Option<IntRecord> {
         let lq = self.cfg.latency_quantum_ns;
         let qq = self.cfg.queue_quantum_cells;
+        let full = self.cfg.tx_util_full_scale;
+        let hop_records = self.cfg.hop_records;
+        let len = self.flows.get(&key)?.len();
         let header = self.header(now);
-        let hop_headers: Vec<_> = if self.cfg.hop_records {
-            let len = self.flows.get(&key).map_or(0, |f| f.len);
-            (0..len).map(|_| self.header(now)).collect()
-        } else {
-            Vec::new()
-        };
-        let Some(fs) = self.flows.get_mut(&key) else { return };
-        for st in &mut fs.hops[..fs.len] {
-            st.exported_latency = st.md.hop_latency.map(|l| quantise(l, lq));
-            st.exported_queue = st.md.queue_occupancy.map(|q| quantise(q, qq));
+        let hop_headers: Vec<_> = if hop_records { (0..len).map(|_| self.header(now)).collect() } else { Vec::new() };
+        let fs = self.flows.get_mut(&key)?;
+        for st in &mut fs.hops[..len] {
+            st.set_baseline(lq, qq);
         }
         fs.last_export_ns = now;
-        fs.reports = fs.reports.max(1);
-        let full = self.cfg.tx_util_full_scale;
-        let hops: Vec<IntHop> = fs.hops[..fs.len].iter().map(|s| int_hop(&s.md, full)).collect();
-        let e2e = end_to_end(&fs.hops[..fs.len], fs.stacked);
+        let hops: Vec<IntHop> = fs.hops[..len].iter().map(|s| int_hop(&s.md, full)).collect();
+        let e2e = end_to_end(&fs.hops[..len], fs.stacked);
         let tuple = five_tuple(&key);
         for (i, (h, header)) in hops.iter().zip(hop_headers).enumerate() {
-            let rec = cgloop_proto::v1::IntHopRecord { header, five_tuple: Some(tuple.clone()), hop_index: i as u32, hop: Some(h.clone()) };
+            let rec = cgloop_proto::v1::IntHopRecord { header, five_tuple: Some(tuple.clone()), hop_index: i as u32, hop: Some(*h) };
             out.push(IntRecord { record: Some(int_record::Record::Hop(rec)) });
         }
         let rec = IntFlowRecord {
             header,
             five_tuple: Some(tuple),
-            path_switch_ids: fs.path[..fs.len].to_vec(),
+            path_switch_ids: fs.path[..len].to_vec(),
             hops,
             end_to_end_latency_ns: e2e,
             reason: reason as i32,
             report_sequence: fs.last_seq,
         };
         fs.reports = 0;
-        out.push(IntRecord { record: Some(int_record::Record::Flow(rec)) });
+        Some(IntRecord { record: Some(int_record::Record::Flow(rec)) })
     }
 
     /// Time-driven rules: periodic summaries, settling per-hop flows, drop flushes, expiry.
@@ -449,7 +501,8 @@ impl State {
         });
         self.counters.flows_expired += expired;
         for (k, reason) in due {
-            self.export_flow(k, reason, now, out);
+            let rec = self.flow_record(k, reason, now, out);
+            out.extend(rec);
         }
         let mut flush = Vec::new();
         self.drops.retain(|k, d| {
@@ -464,38 +517,39 @@ impl State {
         }
     }
 
-    fn tx_util(&self, h: &HopMetadata) -> f64 {
-        tx_util(h, self.cfg.tx_util_full_scale)
+}
+
+fn tx_util(h: &Md, full: u32) -> f64 {
+    if h.has & HAS_TX_UTIL == 0 {
+        return 0.0;
     }
+    f64::from(h.tx_util) / f64::from(full.max(1))
 }
 
-fn tx_util(h: &HopMetadata, full: u32) -> f64 {
-    h.egress_tx_util.map_or(0.0, |u| f64::from(u) / f64::from(full.max(1)))
-}
-
-fn int_hop(md: &HopMetadata, full: u32) -> IntHop {
+fn int_hop(md: &Md, full: u32) -> IntHop {
     IntHop {
-        switch_id: md.node_id.unwrap_or(0),
-        ingress_port: u32::from(md.l1_ingress_port.unwrap_or(0)),
-        egress_port: u32::from(md.l1_egress_port.unwrap_or(0)),
-        hop_latency_ns: u64::from(md.hop_latency.unwrap_or(0)),
-        queue_id: u32::from(md.queue_id.unwrap_or(0)),
-        queue_occupancy_cells: md.queue_occupancy.unwrap_or(0),
+        switch_id: md.node,
+        ingress_port: u32::from(md.ingress_port),
+        egress_port: u32::from(md.egress_port),
+        hop_latency_ns: u64::from(md.latency),
+        queue_id: u32::from(md.queue_id),
+        queue_occupancy_cells: md.queue_occ,
         egress_tx_utilization: tx_util(md, full),
-        ingress_timestamp_ns: md.ingress_timestamp.unwrap_or(0),
-        egress_timestamp_ns: md.egress_timestamp.unwrap_or(0),
+        ingress_timestamp_ns: md.ingress_ts,
+        egress_timestamp_ns: md.egress_ts,
     }
 }
 
 /// Source ingress to sink egress when one packet's stack carried both 64-bit timestamps and
 /// they are ordered; otherwise (32-bit timestamps, or per-hop reports of different packets) the
-/// sum of hop latencies (switch clocks need not be synchronised).
-fn end_to_end(hops: &[HopState], stacked: bool) -> u64 {
-    let first = hops.first().and_then(|h| h.md.ingress_timestamp).filter(|_| stacked);
-    let last = hops.last().and_then(|h| h.md.egress_timestamp);
+/// sum of hop latencies (switch clocks need not be synchronised). An absent timestamp is 0,
+/// which the 64-bit check below rejects.
+fn end_to_end(hops: &[HopSlot], stacked: bool) -> u64 {
+    let first = hops.first().map(|h| h.md.ingress_ts).filter(|_| stacked);
+    let last = hops.last().map(|h| h.md.egress_ts);
     match (first, last) {
         (Some(a), Some(b)) if b > a && a > u64::from(u32::MAX) => b - a,
-        _ => hops.iter().map(|h| u64::from(h.md.hop_latency.unwrap_or(0))).sum(),
+        _ => hops.iter().map(|h| u64::from(h.md.latency)).sum(),
     }
 }
 
