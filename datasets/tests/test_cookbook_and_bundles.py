@@ -8,11 +8,14 @@ import re
 import shutil
 from pathlib import Path
 
+import clickhouse_connect
 import httpx
 import pytest
+from cgloop.datasets.bundles import BundleError, import_bundle
 from cgloop.testing import ROOT, StoreServer, free_port
 
-BUNDLES = ROOT / "datasets" / "bundles"
+from .conftest import BUNDLES, cli
+
 COOKBOOK = ROOT / "docs" / "queries.md"
 _BLOCK = re.compile(
     r"## (?P<title>.+?)\n.*?```sql\n(?P<sql>.+?)\n```\s*```tsv\n(?P<tsv>.*?)```", re.S
@@ -21,27 +24,6 @@ _BLOCK = re.compile(
 
 def cookbook() -> list[tuple[str, str, str]]:
     return [(m["title"], m["sql"], m["tsv"]) for m in _BLOCK.finditer(COOKBOOK.read_text())]
-
-
-@pytest.fixture(scope="module")
-def bundle_store(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("cookbook") / "store"
-    for name in ("loop-demo", "xbox-cloud-gaming", "l4s-and-ndpi"):
-        _cli("dataset", "import", str(BUNDLES / name), "--path", str(folder))
-    server = StoreServer(folder, free_port())
-    yield server
-    server.stop()
-
-
-def _cli(*args: str, ok: bool = True):
-    import subprocess
-
-    from cgloop.testing import cgloop_cmd
-
-    result = subprocess.run(cgloop_cmd(*args), capture_output=True, text=True, timeout=180)
-    if ok:
-        assert result.returncode == 0, result.stderr
-    return result
 
 
 def _tsv(server: StoreServer, sql: str) -> str:
@@ -80,7 +62,7 @@ def test_export_then_import_gives_identical_query_results(bundle_store, tmp_path
     out = tmp_path / "again"
     tables = ["flow_records", "int_flow_records", "detections", "actions", "action_results"]
     args = [a for t in tables for a in ("-t", t)]
-    _cli(
+    cli(
         "dataset",
         "export",
         str(out),
@@ -95,8 +77,8 @@ def test_export_then_import_gives_identical_query_results(bundle_store, tmp_path
         *args,
     )
     folder = tmp_path / "store"
-    _cli("dataset", "import", str(out), "--path", str(folder))
-    _cli("dataset", "import", str(out), "--path", str(folder))  # twice: still counted once
+    # The same bundle twice in one import: the second is recognised and counted once.
+    cli("dataset", "import", str(out), str(out), "--path", str(folder))
     copy = StoreServer(folder, free_port())
     try:
         for title, sql, _ in cookbook()[:5]:
@@ -105,34 +87,41 @@ def test_export_then_import_gives_identical_query_results(bundle_store, tmp_path
         copy.stop()
 
 
-@pytest.fixture(scope="module")
-def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One migrated store for the refusal cases (a refused import writes nothing)."""
-    folder = tmp_path_factory.mktemp("refusals") / "store"
-    _cli("store", "migrate", "--path", str(folder))
-    return folder
+REFUSALS = [
+    (lambda m, d: m.pop("scenario"), "scenario: Field required"),
+    (lambda m, d: m["scenario"].update(timestamp_resolution_ns=0), "timestamp_resolution_ns"),
+    (lambda m, d: m.update(format_version=9), "format_version 9 is not readable"),
+    (lambda m, d: m.update(schema_version=999), "migrate the store first"),
+    (lambda m, d: m.update(surprise=1), "surprise: Extra inputs are not permitted"),
+    (lambda m, d: (d / "actions.parquet").write_bytes(b"x"), "does not match the manifest"),
+    (lambda m, d: m["tables"]["actions"]["columns"].pop(), "columns differ"),
+]
 
 
-@pytest.mark.parametrize(
-    ("damage", "message"),
-    [
-        (lambda m, d: m.pop("scenario"), "scenario: Field required"),
-        (lambda m, d: m["scenario"].update(timestamp_resolution_ns=0), "timestamp_resolution_ns"),
-        (lambda m, d: m.update(format_version=9), "format_version 9 is not readable"),
-        (lambda m, d: m.update(schema_version=999), "migrate the store first"),
-        (lambda m, d: m.update(surprise=1), "surprise: Extra inputs are not permitted"),
-        (lambda m, d: (d / "actions.parquet").write_bytes(b"x"), "does not match the manifest"),
-        (lambda m, d: m["tables"]["actions"]["columns"].pop(), "columns differ"),
-    ],
-)
-def test_bad_bundles_are_refused_with_the_reason(
-    migrated: Path, tmp_path: Path, damage, message: str
-) -> None:
+def _damaged(tmp_path: Path, damage) -> Path:
     bundle = tmp_path / "b"
     shutil.copytree(BUNDLES / "loop-demo", bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
     damage(manifest, bundle)
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    result = _cli("dataset", "import", str(bundle), "--path", str(migrated), ok=False)
+    return bundle
+
+
+@pytest.mark.parametrize(("damage", "message"), REFUSALS)
+def test_bad_bundles_are_refused_with_the_reason(
+    bundle_store: StoreServer, tmp_path: Path, damage, message: str
+) -> None:
+    # Checked against the (read-only) bundle store: a check that let the bundle through would
+    # end in the server refusing the insert, not in a BundleError.
+    client = clickhouse_connect.get_client(dsn=bundle_store.url)
+    with pytest.raises(BundleError) as refused:
+        import_bundle(client, _damaged(tmp_path, damage))
+    assert message in " ".join(str(refused.value).split())
+
+
+def test_the_cli_refuses_a_bad_bundle_with_exit_2_and_the_reason(tmp_path: Path) -> None:
+    damage, message = REFUSALS[2]
+    bundle = _damaged(tmp_path, damage)
+    result = cli("dataset", "import", str(bundle), "--path", str(tmp_path / "s"), ok=False)
     assert result.returncode == 2
     assert message in " ".join(result.stderr.split()), result.stderr

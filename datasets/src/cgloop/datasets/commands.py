@@ -417,21 +417,23 @@ def export_cmd(
 
 @dataset_app.command("import")
 def import_cmd(
-    bundle: Annotated[Path, typer.Argument(help="bundle folder")],
+    bundles: Annotated[list[Path], typer.Argument(help="bundle folder(s), imported in order")],
     url: Annotated[str | None, typer.Option(help="ClickHouse server URL")] = None,
     path: Annotated[Path | None, typer.Option(help="chDB folder no server owns")] = None,
 ) -> None:
-    """Validate a bundle against the store, then insert it (importing twice counts once)."""
+    """Validate each bundle against the store, then insert it (importing twice counts once).
+    Stops at the first bundle refused; the ones before it stay imported."""
     from cgloop.datasets.bundles import BundleError, import_bundle
     from cgloop.datasets.store.migrations import migrate
 
     client = _client(url, path, default_url=False)
     try:
         migrate(client)
-        written = import_bundle(client, bundle)
+        for bundle in bundles:
+            written = import_bundle(client, bundle)
+            print(f"imported {bundle}: " + ", ".join(f"{t} {n}" for t, n in written.items()))
     except BundleError as exc:
         _fail(exc)
-    print(f"imported {bundle}: " + ", ".join(f"{t} {n}" for t, n in written.items()))
 
 
 @dataset_app.command("describe")
