@@ -8,6 +8,11 @@ kernel receive time of the first packet carrying the new DSCP, minus the time th
 
 Baseline, measured side by side: the same change made with the tc command line
 (`tc class change`, `tc filter replace` with u32), as an operator or a shell-out agent would.
+
+Clients, side by side: the Python gRPC client (as the policy engine) and a Rust tonic client
+(`actuators/node-agent/examples/bench_client.rs`), so the agent's own share is visible. At the
+end the agent is restarted with `journal_sync_ack = true` (the journal written before the
+answer, as before group commit) and the Rust client's round trip is measured again.
 """
 
 from __future__ import annotations
@@ -116,6 +121,32 @@ def pacer(lab: Lab, sport: int, dport: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["ip", "netns", "exec", lab.ns_a, sys.executable, "-c", code])
 
 
+class RustClient:
+    """The Rust bench client (tonic over the same Unix socket and mTLS certificates)."""
+
+    def __init__(self, lab: Lab, binary: Path) -> None:
+        self.proc = subprocess.Popen(
+            [str(binary), str(lab.sock), str(lab.certs), lab.if_a, lab.addr_a, lab.addr_b],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        ready = self.proc.stdout.readline()
+        if ready.strip() != "ready":
+            raise RuntimeError(f"bench_client did not start: {ready!r}")
+
+    def ask(self, command: str) -> list[int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"bench_client died on {command!r}")
+        return [int(x) for x in answer.split()]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
 def effect_latency(lab: Lab, rx: TimedReceiver, rpc, dscps: tuple[int, int]) -> list[float]:
     out = []
     for i in range(ITERATIONS):
@@ -147,6 +178,7 @@ def run(lab: Lab) -> None:
     stub.ApplyQueueHierarchy(
         na.ApplyQueueHierarchyRequest(action_id="h", hierarchy=hierarchy(lab.if_a)), timeout=10
     )
+    rust = RustClient(lab, Path(os.environ["CGLOOP_BENCH_CLIENT"]))
     rx = TimedReceiver(lab, 9500)
     sender = pacer(lab, 45000, 9500)
     time.sleep(0.5)
@@ -164,6 +196,18 @@ def run(lab: Lab) -> None:
             agent_side.append(resp.outcome.apply_latency_ns)
 
         flows = effect_latency(lab, rx, reclassify, (46, 34))
+
+        # The same reclassification from the Rust client: its own send timestamp.
+        rust_flows, rust_rtt, rust_inside = [], [], []
+        for i in range(ITERATIONS):
+            dscp = (46, 34)[i % 2]
+            t0, rtt, inside = rust.ask(
+                f"F rf{i} {LL if dscp == 46 else GAMING} 45000 9500 {dscp}")
+            rust_rtt.append(rtt)
+            rust_inside.append(inside)
+            ts = rx.first_with(dscp, t0)
+            if ts is not None:
+                rust_flows.append(ts - t0)
 
         def swap_chain(i: int, dscp: int) -> None:
             chain = na.ServiceChain(chain_id="bench", traffic_class="gaming", functions=[
@@ -207,6 +251,10 @@ def run(lab: Lab) -> None:
                         "1:10" if i % 2 else "1:20"], check=True)
         tc_filter.append(time.perf_counter_ns() - t0)
 
+    # The baseline's u32 filter points at 1:10: remove it so the hierarchy can be re-applied.
+    subprocess.run(["tc", "-n", lab.ns_a, "filter", "del", "dev", lab.if_a, "parent", "1:",
+                    "prio", "5"], check=True)
+
     # Throughput: sequential SetFlowClass RPCs from one client for 2 s.
     n, t_end = 0, time.monotonic() + 2.0
     t0 = time.monotonic()
@@ -216,22 +264,52 @@ def run(lab: Lab) -> None:
             timeout=5)
         n += 1
     rps = n / (time.monotonic() - t0)
+    t0 = time.monotonic()
+    rust_seq = rust.ask(f"T {ITERATIONS} {GAMING} 0")
+    rust_rps = len(rust_seq) / (time.monotonic() - t0)
+    rust.close()
 
-    print("node-agent benchmark (release agent, Python gRPC client over mTLS, netns veth)")
+    # Previous mode, same machine, same run: the journal written before the answer.
+    lab.kill()
+    toml = lab.tmp / "agent.toml"
+    toml.write_text("journal_sync_ack = true\n" + toml.read_text())
+    # A fresh journal: restoring thousands of benchmark rules would only add start-up time.
+    lab.journal = lab.tmp / "journal-sync.pb"
+    lab.start()
+    lab.stub().ApplyQueueHierarchy(
+        na.ApplyQueueHierarchyRequest(action_id="h-sync", hierarchy=hierarchy(lab.if_a)),
+        timeout=10,
+    )
+    rust = RustClient(lab, Path(os.environ["CGLOOP_BENCH_CLIENT"]))
+    sync_seq = rust.ask(f"T {ITERATIONS} {GAMING} {ITERATIONS}")
+    rust.close()
+
+    print("node-agent benchmark (release agent, gRPC over mTLS on a Unix socket, netns veth)")
     print(line("SetFlowClass RPC -> first packet reclassified", flows))
-    print(line("  of which inside the agent (apply+journal)", agent_side))
+    print(line("  of which inside the agent (apply)", agent_side))
+    print(line("Rust client: RPC -> first packet reclassified", rust_flows))
+    print(line("  Rust client: RPC round trip", rust_rtt))
+    print(line("  of which inside the agent (apply)", rust_inside))
+    print(line("Rust client, sequential RPC round trip", rust_seq))
+    print(line("  same, journal written before the answer", sync_seq))
     print(line("SetChain RPC -> first packet through new chain", chains))
     print(line("SetClassRate RPC (kernel ACKed on return)", rates))
     print(line("baseline: tc filter replace (u32) command", tc_filter))
     print(line("baseline: tc class change command", tc_class))
     print(f"{'SetFlowClass RPCs/s (1 client, sequential)':<44} {rps:9.0f}")
+    print(f"{'  Rust client':<44} {rust_rps:9.0f}")
+    print(f"ratio reclassification p99, Rust client/Python client: "
+          f"{pct(rust_flows, .99) / pct(flows, .99):.3f}")
+    print(f"ratio RPC round trip p99, group commit/journal before answer: "
+          f"{pct(rust_seq, .99) / pct(sync_seq, .99):.3f}")
     print(f"ratio flow reclassification p50, agent/tc-filter: "
           f"{pct(flows, .5) / pct(tc_filter, .5):.3f}")
     print(f"ratio class change p50, agent/tc-class: {pct(rates, .5) / pct(tc_class, .5):.3f}")
-    print(f"targets: flow reclassification p99 <= 1 ms: "
-          f"{'met' if pct(flows, .99) <= 1e6 else 'NOT met'}; "
+    print(f"targets: flow reclassification p99 <= 1 ms: Python client "
+          f"{'met' if pct(flows, .99) <= 1e6 else 'NOT met'}, Rust client "
+          f"{'met' if pct(rust_flows, .99) <= 1e6 else 'NOT met'}; "
           f"class change p99 <= 10 ms: {'met' if pct(rates, .99) <= 1e7 else 'NOT met'}")
-    lost = ITERATIONS * 2 - len(flows) - len(chains)
+    lost = ITERATIONS * 3 - len(flows) - len(chains) - len(rust_flows)
     if lost:
         print(f"warning: {lost} changes never showed on packets within 1 s")
     print(f"(mean SetFlowClass effect {statistics.mean(flows) / 1e3:.1f} us)")

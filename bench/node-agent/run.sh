@@ -3,4 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 cargo build --release --quiet -p cgloop-node-agent
-CGLOOP_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/release" uv run --quiet python bench/node-agent/bench.py
+cargo build --release --quiet -p cgloop-node-agent --example bench_client
+release="${CARGO_TARGET_DIR:-$PWD/target}/release"
+CGLOOP_BIN_DIR="$release" CGLOOP_BENCH_CLIENT="$release/examples/bench_client" \
+  uv run --quiet python bench/node-agent/bench.py

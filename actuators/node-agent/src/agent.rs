@@ -3,8 +3,8 @@
 //! the applied state back from the kernel.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cgloop_proto::v1::*;
@@ -15,7 +15,7 @@ use crate::chains::{self, Interfaces};
 use crate::config::Config;
 use crate::datapath::{self, Datapath, FlowKey, FlowRule, KEEP};
 use crate::error::{AgentError, AgentResult};
-use crate::journal::{ActionLog, Journal, Replay};
+use crate::journal::{ActionLog, GroupCommit, Journal, Replay, Snapshot};
 use crate::power_glue::Power;
 use crate::probes::Probes;
 use crate::queues;
@@ -64,15 +64,22 @@ struct Inner {
     /// traffic class -> (slot pair, which of the two is active).
     chain_slots: BTreeMap<String, (u32, u32)>,
     actions: ActionLog,
-    journal: Journal,
+    /// Changes applied so far (1, 2, 3…): the journal's commit sequence.
+    seq: u64,
+    /// Actions applied but not yet handed to the journal writer, in order.
+    pending: Vec<JournalEntry>,
     generation: u64,
     power: Power,
     probes: Probes,
 }
 
 pub struct Agent {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
     watch: watch::Sender<(NodeState, String)>,
+    /// The journal writer: changes are persisted off the RPC path (group commit).
+    commit: GroupCommit,
+    /// Answer a change only once it is in the journal (the pre-group-commit behaviour).
+    sync_ack: bool,
 }
 
 /// Result of one mutating call before it is wrapped in its response message.
@@ -198,11 +205,14 @@ impl Inner {
         })
     }
 
-    fn persist(&mut self, action: Option<&JournalEntry>) -> AgentResult<()> {
-        let state = self.desired.to_state(&self.config.node_id, self.generation);
-        self.journal
-            .store(&state, action)
-            .map_err(|e| AgentError::Kernel(e.context("the change is applied but the journal write failed")))
+    /// What the journal writer commits next: the current desired state and the actions
+    /// applied since its previous snapshot.
+    fn snapshot(&mut self) -> Snapshot {
+        Snapshot {
+            seq: self.seq,
+            state: self.desired.to_state(&self.config.node_id, self.generation),
+            actions: std::mem::take(&mut self.pending),
+        }
     }
 
     // --- queues -------------------------------------------------------------------------
@@ -699,6 +709,8 @@ impl Agent {
         let dp = Datapath::load()?;
         let journal = Journal::new(config.journal_path.clone(), config.journal_fsync);
         let (saved, warning) = journal.load(config.remembered_actions)?;
+        let delay = Duration::from_micros(config.journal_commit_delay_us);
+        let sync_ack = config.journal_sync_ack;
         let mut warnings: Vec<String> = warning.into_iter().collect();
         let mut actions = ActionLog::new(config.remembered_actions);
         for e in saved.actions {
@@ -712,7 +724,8 @@ impl Agent {
             desired: Desired::default(),
             chain_slots: BTreeMap::new(),
             actions,
-            journal,
+            seq: 0,
+            pending: Vec::new(),
             generation,
             power,
             probes,
@@ -722,7 +735,22 @@ impl Agent {
         }
         let state = inner.desired.to_state(&inner.config.node_id, inner.generation);
         let (tx, _) = watch::channel((state, String::new()));
-        Ok((Self { inner: Mutex::new(inner), watch: tx }, warnings))
+        let inner = Arc::new(Mutex::new(inner));
+        let source = inner.clone();
+        let commit = GroupCommit::start(journal, delay, move || {
+            source.lock().unwrap_or_else(|p| p.into_inner()).snapshot()
+        });
+        Ok((Self { inner, watch: tx, commit, sync_ack }, warnings))
+    }
+
+    /// Commits every acknowledged change to the journal and stops its writer (shutdown).
+    pub fn shutdown(&self) {
+        self.commit.stop();
+    }
+
+    /// Waits until every change acknowledged so far is in the journal.
+    pub fn flush_journal(&self) -> anyhow::Result<()> {
+        self.commit.flush()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -745,6 +773,12 @@ impl Agent {
     ) -> AgentResult<Resp> {
         let started = Instant::now();
         require_action_id(req.action_id())?;
+        if let Some(e) = self.commit.error() {
+            // A change the journal cannot hold would silently vanish on restart.
+            return Err(AgentError::Kernel(anyhow::anyhow!(
+                "the journal is failing ({e}); refusing changes a restart could not restore"
+            )));
+        }
         let mut inner = self.lock();
         let dry = req.dry_run() || inner.config.dry_run;
         let mut canonical = req.clone();
@@ -777,13 +811,23 @@ impl Agent {
             request: request_bytes,
             response: resp.encode_to_vec(),
         };
-        inner.persist(Some(&entry))?;
+        // Persisted by the journal writer (group commit), not on this path.
+        inner.seq += 1;
+        let seq = inner.seq;
+        inner.pending.push(entry.clone());
         inner.actions.record(entry);
         // Reading the whole state back costs netlink dumps: only when someone watches.
         if applied.changed && self.watch.receiver_count() > 0 {
             if let Ok(state) = inner.read_state() {
                 let _ = self.watch.send((state, req.action_id().to_string()));
             }
+        }
+        drop(inner);
+        self.commit.request(seq);
+        if self.sync_ack {
+            self.commit.wait_durable(seq).map_err(|e| {
+                AgentError::Kernel(e.context("the change is applied but the journal write failed"))
+            })?;
         }
         if let Some(o) = resp.outcome_mut() {
             o.apply_latency_ns = started.elapsed().as_nanos() as u64;
@@ -886,7 +930,13 @@ impl Agent {
         })
     }
 
+    /// The applied state, read back from the kernel. Answered once every change acknowledged
+    /// before it is in the journal, so a caller that saw GetState knows those changes survive
+    /// a crash of the agent.
     pub fn state(&self) -> AgentResult<NodeState> {
+        if let Err(e) = self.commit.flush() {
+            tracing::warn!("GetState: {e:#}");
+        }
         self.lock().read_state()
     }
 }

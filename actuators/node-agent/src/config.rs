@@ -105,6 +105,13 @@ pub struct Config {
     pub bounds: Bounds,
     /// Write the journal with fsync (survives power loss, costs milliseconds per change).
     pub journal_fsync: bool,
+    /// Group commit: the journal writer waits this long after a change before writing, to
+    /// batch the changes that follow. A crash of the agent loses at most the changes
+    /// acknowledged in this window plus one write (0: write as soon as possible).
+    pub journal_commit_delay_us: u64,
+    /// Answer a change only after it is in the journal (write on the RPC path, as before
+    /// group commit). Concurrent changes still share one write.
+    pub journal_sync_ack: bool,
     pub power: PowerSettings,
     /// Kafka bootstrap servers for probe records; empty keeps them local (GetState only).
     pub kafka_bootstrap: String,
@@ -120,6 +127,8 @@ impl Default for Config {
             dry_run: false,
             bounds: Bounds::default(),
             journal_fsync: false,
+            journal_commit_delay_us: 1000,
+            journal_sync_ack: false,
             power: PowerSettings::default(),
             kafka_bootstrap: String::new(),
             probe_topic: "cgloop.probes.v1".into(),
@@ -151,6 +160,11 @@ impl Config {
             crate::datapath::MAX_CHAIN_FNS
         );
         anyhow::ensure!(!self.node_id.is_empty(), "node_id must not be empty");
+        anyhow::ensure!(
+            self.journal_commit_delay_us <= 1_000_000,
+            "journal_commit_delay_us {} is above 1000000 (1 s): a crash would lose too much",
+            self.journal_commit_delay_us
+        );
         Ok(())
     }
 }

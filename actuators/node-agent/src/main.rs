@@ -113,6 +113,13 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
         tracing::warn!("{w}");
     }
     let agent = Arc::new(agent);
+    let result = run_server(agent.clone(), listen, tls);
+    // Whatever ended the server (signal or error): what was acknowledged goes to the journal.
+    agent.shutdown();
+    result
+}
+
+fn run_server(agent: Arc<Agent>, listen: String, tls: tonic::transport::ServerTlsConfig) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
