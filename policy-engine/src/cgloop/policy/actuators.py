@@ -16,6 +16,7 @@ import importlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -151,12 +152,37 @@ def _chain_from_text(chain_id: str, traffic_class: str, text: str) -> na.Service
     return na.ServiceChain(chain_id=chain_id, traffic_class=traffic_class, functions=functions)
 
 
+def agent_credentials(tls_dir: Path) -> grpc.ChannelCredentials:
+    """Mutual TLS as the node agent requires it: its CA, and our client certificate and key
+    (the files `cgloop-node-agent certs --out DIR` writes)."""
+    files = {name: tls_dir / name for name in ("ca.pem", "client.pem", "client.key")}
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        raise ActuatorError(
+            f"node agent TLS directory {tls_dir}: missing {', '.join(missing)} "
+            "(create them with `cgloop-node-agent certs --out DIR`)"
+        )
+    return grpc.ssl_channel_credentials(
+        root_certificates=files["ca.pem"].read_bytes(),
+        private_key=files["client.key"].read_bytes(),
+        certificate_chain=files["client.pem"].read_bytes(),
+    )
+
+
 class NodeAgentActuator:
     """Micro-loop operations over the node agent's gRPC API, one channel per node."""
 
-    def __init__(self, agents: Mapping[str, str], timeout_s: float = 2.0) -> None:
-        self.agents = dict(agents)  # node id -> "host:port"
+    def __init__(
+        self,
+        agents: Mapping[str, str],
+        timeout_s: float = 2.0,
+        tls_dir: Path | None = None,
+        server_name: str = "localhost",
+    ) -> None:
+        self.agents = dict(agents)  # node id -> "host:port" or "unix:/path"
         self.timeout_s = timeout_s
+        self.server_name = server_name
+        self._credentials = agent_credentials(tls_dir) if tls_dir else None
         self._stubs: dict[str, NodeAgentServiceStub] = {}
         self._channels: list[grpc.Channel] = []
 
@@ -168,7 +194,16 @@ class NodeAgentActuator:
                     f"no node agent address for node {node_id!r} "
                     f"(known: {', '.join(sorted(self.agents)) or 'none'})"
                 )
-            channel = grpc.insecure_channel(address)
+            if self._credentials is None:
+                channel = grpc.insecure_channel(address)
+            else:
+                # The agent's certificate names `server_name`, whatever the address (a Unix
+                # socket has no host name to check).
+                channel = grpc.secure_channel(
+                    address,
+                    self._credentials,
+                    options=[("grpc.ssl_target_name_override", self.server_name)],
+                )
             self._channels.append(channel)
             self._stubs[node_id] = NodeAgentServiceStub(channel)
         return self._stubs[node_id]

@@ -83,11 +83,15 @@ def run(
     verify: Annotated[bool, typer.Option(help="read probes/flows topics to verify")] = True,
     group: Annotated[str, typer.Option(help="Kafka consumer group")] = "cgloop-policy-engine",
     source_id: Annotated[str, typer.Option(help="source id on action records")] = "policy-engine",
+    agent_tls_dir: Annotated[
+        Path | None,
+        typer.Option(help="mutual TLS to the node agents: ca.pem, client.pem, client.key"),
+    ] = None,
 ) -> None:
     """Run the engine: detections from Kafka in, actions to the node agents and Kafka out."""
     from cgloop.config import Settings
     from cgloop.policy import service
-    from cgloop.policy.actuators import NodeAgentActuator, Router
+    from cgloop.policy.actuators import ActuatorError, NodeAgentActuator, Router
     from cgloop.policy.engine import Engine
     from cgloop.policy.guards import Budget
     from cgloop.policy.journal import Journal
@@ -98,16 +102,24 @@ def run(
     for item in agent or []:
         node, sep, address = item.partition("=")
         if not sep or not node or ":" not in address:
-            err.print(f"[red]error[/red] --agent {item!r}: expected NODE_ID=HOST:PORT")
+            err.print(
+                f"[red]error[/red] --agent {item!r}: expected NODE_ID=HOST:PORT or "
+                "NODE_ID=unix:PATH"
+            )
             raise typer.Exit(2)
         agents[node] = address
+    try:
+        node_agents = NodeAgentActuator(agents, tls_dir=agent_tls_dir)
+    except ActuatorError as exc:
+        err.print(f"[red]error[/red] {exc}")
+        raise typer.Exit(2) from None
     settings = Settings()
     state = _state_dir()
     store = WindowStore() if verify else None
     feed = KafkaTelemetryFeed(settings.bootstrap_servers, store).start() if store else None
     engine = Engine(
         policies,
-        Router(NodeAgentActuator(agents)),
+        Router(node_agents),
         telemetry=store,
         journal=Journal(journal or state / "journal.jsonl"),
         budget=Budget(budget, budget_window),

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
@@ -94,6 +94,12 @@ class Engine:
     # Actions decided in one detection batch go to their actuators concurrently (their targets
     # differ: one action in flight per target), so slow gRPC calls do not queue detections.
     apply_workers: int = 8
+    # Applies off the decision thread: `handle` submits the batch's actions to the worker pool
+    # and returns; their results are taken in by the next handle/tick/finish_applies. At most
+    # `max_in_flight` applies wait in the pool (back-pressure beyond that). Guards still allow
+    # one action in flight per target.
+    apply_async: bool = False
+    max_in_flight: int = 256
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -106,7 +112,9 @@ class Engine:
         self.stats = EngineStats()
         self._triggers: dict[tuple[str, str], _Trigger] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._outbox: list[apb.ActionEvent] = []
+        # (journal sequence of the event's row, event): announced once that row is durable.
+        self._outbox: list[tuple[int, apb.ActionEvent]] = []
+        self._inflight: list[tuple[Entry, int, Future[Applied]]] = []
         self._due: list[tuple[int, str]] = []  # (verify at ns, action id)
         self._sequence = 0
         self._to_apply: list[tuple[Entry, int]] = []
@@ -125,7 +133,7 @@ class Engine:
         )
 
     def _emit_action(self, action: apb.Action) -> None:
-        self._outbox.append(apb.ActionEvent(action=action))
+        self._outbox.append((self.journal.seq, apb.ActionEvent(action=action)))
 
     def _result(
         self, entry: Entry, state: int, message: str = "", **fields: object
@@ -154,28 +162,84 @@ class Engine:
         entry.result = result
         entry.awaiting_approval = False
         self.journal.record(entry)
-        self._outbox.append(apb.ActionEvent(result=result))
+        self._outbox.append((self.journal.seq, apb.ActionEvent(result=result)))
         if state in FINAL:
             self.guards.finished(entry.target_key, entry.action.id, now)
         return result
 
-    def drain(self) -> list[apb.ActionEvent]:
-        """The events decided since the last drain, after making the journal durable."""
-        self.journal.sync()
-        out, self._outbox = self._outbox, []
+    def drain(self, wait: bool = True) -> list[apb.ActionEvent]:
+        """The events decided since the last drain whose journal rows are durable.
+
+        wait=True makes everything recorded so far durable first (blocks on the journal's
+        commit); wait=False returns at once with the durable prefix and keeps the rest.
+        """
+        if wait:
+            self.journal.sync()
+            out = [ev for _, ev in self._outbox]
+            self._outbox = []
+            return out
+        durable = self.journal.durable_seq
+        n = 0
+        while n < len(self._outbox) and self._outbox[n][0] <= durable:
+            n += 1
+        out = [ev for _, ev in self._outbox[:n]]
+        del self._outbox[:n]
         return out
+
+    @property
+    def undrained(self) -> int:
+        """Events decided but not yet announced (their journal rows are not durable yet)."""
+        return len(self._outbox)
 
     # --- decision -------------------------------------------------------------------------
 
-    def handle(self, batch: dpb.DetectionBatch) -> list[apb.ActionEvent]:
+    def handle(self, batch: dpb.DetectionBatch, wait: bool = True) -> list[apb.ActionEvent]:
+        self._collect_applies()
         for det in batch.records:
             self.on_detection(det)
         self._apply_decided()
         self.tick()
-        return self.drain()
+        return self.drain(wait)
+
+    def _collect_applies(self, block: bool = False) -> None:
+        """Take in the results of finished asynchronous applies (all of them with block)."""
+        if not self._inflight:
+            return
+        if block:
+            wait([f for _, _, f in self._inflight])
+        still = []
+        for entry, end, fut in self._inflight:
+            if not fut.done():
+                still.append((entry, end, fut))
+                continue
+            try:
+                applied = fut.result()
+            except ActuatorError as exc:
+                self.stats.failed += 1
+                self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+                continue
+            self._applied(entry, applied, end)
+        self._inflight = still
+
+    def finish_applies(self) -> None:
+        """Wait for every asynchronous apply and record its result."""
+        self._collect_applies(block=True)
 
     def _apply_decided(self) -> None:
         todo, self._to_apply = self._to_apply, []
+        if self.apply_async and todo:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.apply_workers, thread_name_prefix="apply")
+            for entry, end in todo:
+                if self.clock() > entry.action.deadline_ns:
+                    self._expire(entry)
+                    continue
+                while len(self._inflight) >= self.max_in_flight:
+                    wait([self._inflight[0][2]])  # back-pressure: the pool is full
+                    self._collect_applies()
+                fut = self._pool.submit(self.actuator.apply, entry.action)
+                self._inflight.append((entry, end, fut))
+            return
         if len(todo) <= 1 or self.apply_workers <= 1:
             for entry, end in todo:
                 self._apply(entry, end)
@@ -421,6 +485,7 @@ class Engine:
 
     def tick(self) -> list[apb.ActionEvent]:
         """Verify what is due, expire stale approvals; returns nothing (events go to drain)."""
+        self._collect_applies()
         now = self.clock()
         while self._due and self._due[0][0] <= now:
             _, action_id = heapq.heappop(self._due)
@@ -443,7 +508,9 @@ class Engine:
         tolerance = expect.worse_tolerance if expect else 0.1
         rollback_on = {VERDICT[v] for v in policy.action.rollback_on} if policy else set()
         applied = entry.result.applied_ns
-        before = self.telemetry.read(e.metric, action, applied - baseline_ns, applied)
+        before = self.telemetry.read(
+            e.metric, action, applied - baseline_ns, applied, phase="before"
+        )
         after = self.telemetry.read(e.metric, action, applied, applied + e.within_ns)
         now = self.clock()
         if after is None and now < applied + e.within_ns + int(self.verify_grace_s * NS):

@@ -1,5 +1,17 @@
 """The engine's journal: every action state change, appended and synced before it is announced.
 
+Group commit: `record` only queues the row; a writer thread appends everything queued, with
+one flush and one fsync per commit, at most `commit_delay_s` after the first queued row. Each
+row gets a sequence number (`seq`); `durable_seq` says how far the file is synced, so the
+engine announces an event (and the service commits Kafka offsets) only once its rows are
+durable, without the decision thread ever waiting for the disk. `sync()` still blocks until
+everything recorded so far is durable.
+
+Compaction: the file keeps every state change of every action; once it holds more than
+`compact_factor` rows per known action (and at least `compact_min_rows`), the writer rewrites
+it with the latest row of each action, in the order the actions were first decided (temporary
+file, fsync, rename, fsync of the directory), so a restart reads the same entries.
+
 A restarted engine replays the journal to know which actions exist and where each one stands,
 so a detection delivered again after the restart (Kafka is at least once) maps to an action
 id it already knows and is not acted on twice, and an action applied before the crash is still
@@ -12,6 +24,7 @@ import base64
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,25 +58,59 @@ def _b64(msg: object) -> str:
     return base64.b64encode(msg.SerializeToString(deterministic=True)).decode()  # type: ignore[attr-defined]
 
 
+class JournalError(RuntimeError):
+    pass
+
+
 class Journal:
     """JSON lines: {"action": b64 Action, "result": b64 ActionResult|null, "target": key}."""
 
-    def __init__(self, path: Path | None, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        fsync: bool = True,
+        commit_delay_s: float = 0.002,
+        compact_factor: int = 4,
+        compact_min_rows: int = 10_000,
+    ) -> None:
         self.path = path
         self.fsync = fsync
+        self.commit_delay_s = commit_delay_s
+        self.compact_factor = compact_factor
+        self.compact_min_rows = compact_min_rows
         self.entries: dict[str, Entry] = {}
         self.order: list[str] = []
         self._open: dict[str, None] = {}  # ids not yet final, in decision order
-        self._dirty = False
         self._fh = None
+        # Shared with the writer thread, under _cond.
+        self._cond = threading.Condition()
+        self._queued: list[str] = []
+        self._latest: dict[str, str] = {}  # action id -> its latest row (compaction)
+        self._seq = 0
+        self._durable = 0
+        self._rows_in_file = 0
+        self._error: str | None = None
+        self._stop = False
+        self._writer: threading.Thread | None = None
+        self.commits = 0
+        self.compactions = 0
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            for entry in self._read(path):
+            for row, entry in self._read_rows(path):
                 self._remember(entry)
+                self._latest[entry.action.id] = row
+                self._rows_in_file += 1
             self._fh = path.open("a", encoding="utf-8")
+            self._writer = threading.Thread(target=self._write_loop, name="journal", daemon=True)
+            self._writer.start()
 
     @staticmethod
     def _read(path: Path) -> Iterator[Entry]:
+        for _, entry in Journal._read_rows(path):
+            yield entry
+
+    @staticmethod
+    def _read_rows(path: Path) -> Iterator[tuple[str, Entry]]:
         if not path.exists():
             return
         with path.open(encoding="utf-8") as fh:
@@ -76,7 +123,10 @@ class Journal:
                         if row.get("result")
                         else None
                     )
-                    yield Entry(action, result, row["target"], bool(row.get("approval")))
+                    yield (
+                        line.rstrip("\n"),
+                        Entry(action, result, row["target"], bool(row.get("approval"))),
+                    )
                 except (ValueError, KeyError) as exc:
                     # A torn last line after a crash: everything before it is intact.
                     log.warning("journal %s line %d unreadable (%s); skipped", path, n, exc)
@@ -100,22 +150,116 @@ class Journal:
             "target": entry.target_key,
             "approval": entry.awaiting_approval,
         }
-        self._fh.write(json.dumps(row) + "\n")
-        self._dirty = True
+        line = json.dumps(row)
+        with self._cond:
+            self._queued.append(line)
+            self._latest[entry.action.id] = line
+            self._seq += 1
+            self._cond.notify_all()
+
+    @property
+    def seq(self) -> int:
+        """Rows recorded so far (the sequence number of the last one)."""
+        return self._seq
+
+    @property
+    def durable_seq(self) -> int:
+        """Rows known to be in the file (synced when `fsync`)."""
+        return self._durable if self._fh is not None else self._seq
+
+    def wait_durable(self, seq: int, timeout: float | None = None) -> bool:
+        """Block until rows up to `seq` are durable; False on timeout. Raises JournalError
+        when the writer failed."""
+        if self._fh is None:
+            return True
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._durable >= seq or self._error is not None or self._stop, timeout
+            )
+            if self._error is not None and self._durable < seq:
+                raise JournalError(f"journal {self.path}: {self._error}")
+            return ok and self._durable >= seq
 
     def sync(self) -> None:
-        """Make everything recorded so far durable (group commit, once per detection batch).
+        """Make everything recorded so far durable (waits for the writer's group commit).
 
         Called before events are published and offsets committed. An action applied but not
         yet synced when the process dies is decided again under the same id after the restart,
         and the actuator's idempotency key turns the second apply into a replay.
         """
-        if self._fh is None or not self._dirty:
+        self.wait_durable(self._seq)
+
+    def _write_loop(self) -> None:
+        assert self._fh is not None
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queued) or self._stop)
+                if not self._queued and self._stop:
+                    return
+                if self.commit_delay_s > 0 and not self._stop:
+                    # Gather what the decision thread records next (one fsync for all).
+                    self._cond.wait_for(lambda: self._stop, self.commit_delay_s)
+                rows, self._queued = self._queued, []
+                seq = self._seq
+                compact = self._rows_in_file + len(rows) > max(
+                    self.compact_min_rows, self.compact_factor * len(self._latest)
+                )
+                latest = list(self._latest.values()) if compact else []
+            try:
+                if compact:
+                    self._rewrite(latest)
+                    written = len(latest)
+                else:
+                    self._fh.write("".join(r + "\n" for r in rows))
+                    self._fh.flush()
+                    if self.fsync:
+                        os.fsync(self._fh.fileno())
+                    written = self._rows_in_file + len(rows)
+            except OSError as exc:
+                log.error("journal %s: %s", self.path, exc)
+                with self._cond:
+                    self._error = str(exc)
+                    self._queued[:0] = rows  # written first on the next attempt
+                    self._cond.notify_all()
+                    if self._stop:
+                        return
+                    self._cond.wait_for(lambda: self._stop, 0.1)
+                continue
+            with self._cond:
+                self._rows_in_file = written
+                self._durable = max(self._durable, seq)
+                self._error = None
+                self.commits += 1
+                self._cond.notify_all()
+
+    def _rewrite(self, rows: list[str]) -> None:
+        """Compaction: the latest row of each action, replacing the file atomically."""
+        assert self.path is not None and self._fh is not None
+        tmp = self.path.with_suffix(self.path.suffix + ".compact")
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write("".join(r + "\n" for r in rows))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self._fh.close()
+        self._fh = self.path.open("a", encoding="utf-8")
+        self.compactions += 1
+
+    def compact(self) -> None:
+        """Rewrite the file now with the latest row of each action (normally automatic)."""
+        if self._fh is None:
             return
-        self._fh.flush()
-        if self.fsync:
-            os.fsync(self._fh.fileno())
-        self._dirty = False
+        with self._cond:
+            self._rows_in_file = 1 << 62  # the next commit compacts
+            self._queued.append(next(iter(self._latest.values()), ""))
+            self._seq += 1
+            self._cond.notify_all()
+        self.sync()
 
     def get(self, action_id: str) -> Entry | None:
         return self.entries.get(action_id)
@@ -124,7 +268,13 @@ class Journal:
         return [self.entries[i] for i in self._open]
 
     def close(self) -> None:
+        if self._fh is None:
+            return
         self.sync()
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._writer is not None:
+            self._writer.join(30)
+        self._fh.close()
+        self._fh = None

@@ -38,8 +38,11 @@ class Reading:
 
 
 class TelemetryReader(Protocol):
-    def read(self, metric: str, action: apb.Action, start_ns: int, end_ns: int) -> Reading | None:
-        """The metric over [start_ns, end_ns) for the action's subject; None without data."""
+    def read(
+        self, metric: str, action: apb.Action, start_ns: int, end_ns: int, phase: str = "after"
+    ) -> Reading | None:
+        """The metric over [start_ns, end_ns) for the action's subject; None without data.
+        `phase` is "before" for the baseline window ahead of the action, else "after"."""
         ...
 
 
@@ -61,6 +64,17 @@ def summarise(values: list[int]) -> LatencySummary:
     )
 
 
+def probe_dscp(action: apb.Action) -> int | None:
+    """The DSCP of the probes that measure what an action changed: a flow moved and re-marked
+    is verified by the probes sent with its new DSCP (the queue it now uses); None: any."""
+    if action.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW:
+        try:
+            return int(action.parameters["rewrite_dscp"], 0)
+        except (KeyError, ValueError):
+            return None
+    return None
+
+
 class WindowStore:
     """The last `retention_s` of probe and flow records, indexed for verification windows."""
 
@@ -68,8 +82,8 @@ class WindowStore:
         self.retention_ns = int(retention_s * 1e9)
         self.max_per_key = max_per_key
         self._lock = threading.Lock()
-        # probe target address -> [(sent_ns, rtt_ns or -1 when lost)] in time order
-        self._probes: dict[str, deque[tuple[int, int]]] = defaultdict(deque)
+        # (probe target address, DSCP) -> [(sent_ns, rtt_ns or -1 when lost)] in time order
+        self._probes: dict[tuple[str, int], deque[tuple[int, int]]] = defaultdict(deque)
         # flow text -> [(interval_end_ns, FlowRecord summary tuple)]
         self._flows: dict[str, deque[tuple[int, tuple[int, int, int, int, int, int]]]] = (
             defaultdict(deque)
@@ -79,8 +93,7 @@ class WindowStore:
     def ingest_probes(self, batch: ProbeRecordBatch) -> None:
         with self._lock:
             for r in batch.records:
-                key = addr_text(r.target_addr)
-                q = self._probes[key]
+                q = self._probes[(addr_text(r.target_addr), r.dscp)]
                 q.append((r.sent_ns, -1 if r.lost else r.rtt_ns))
                 self._trim(q, r.sent_ns)
                 self.ingested += 1
@@ -119,14 +132,23 @@ class WindowStore:
         keys = [t for t, _ in items]
         return items[bisect.bisect_left(keys, start_ns) : bisect.bisect_left(keys, end_ns)]
 
-    def read(self, metric: str, action: apb.Action, start_ns: int, end_ns: int) -> Reading | None:
+    def read(
+        self, metric: str, action: apb.Action, start_ns: int, end_ns: int, phase: str = "after"
+    ) -> Reading | None:
         family, _, name = metric.partition(".")
         flow = action.target.flow
         with self._lock:
             if family == "probe" and name in PROBE_METRICS:
                 rows: list[tuple[int, int]] = []
-                for addr in {addr_text(flow.dst_addr), addr_text(flow.src_addr)}:
-                    rows += self._window(self._probes.get(addr, deque()), start_ns, end_ns)
+                addrs = {addr_text(flow.dst_addr), addr_text(flow.src_addr)}
+                keys = [k for k in self._probes if k[0] in addrs]
+                dscp = probe_dscp(action)
+                if dscp is not None and any(d == dscp for _, d in keys):
+                    # The flow's new queue is probed: after = that queue, before = the others.
+                    keys = [k for k in keys if (k[1] == dscp) == (phase == "after")]
+                for k in keys:
+                    rows += self._window(self._probes[k], start_ns, end_ns)
+                rows.sort()
                 if not rows:
                     return None
                 rtts = [v for _, v in rows if v >= 0]
