@@ -1,0 +1,1 @@
+"""NOC dashboards as code (grafana-foundation-sdk) and the check of their queries."""

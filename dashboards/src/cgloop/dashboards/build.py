@@ -1,0 +1,687 @@
+"""The four NOC dashboards as code, and their JSON for Grafana's file provisioning.
+
+Every query is ClickHouse SQL against the tables and views of datasets/.../migrations, with the
+ClickHouse plugin's macros ($__timeFilter, $__timeInterval, $__interval_s, ...) and dashboard
+variables; `cgloop.dashboards.check` runs each of them against a store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from cgloop.dashboards.clickhouse import Query, datasource_ref
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import stat, table, timeseries, trend
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.common import GraphDrawStyle, VisibilityMode
+
+#: Where `cgloop dashboards build` writes, and what docker-compose.yml mounts into Grafana.
+PROVISIONED = Path(__file__).resolve().parents[3] / "provisioned"
+
+#: Panels that legitimately show nothing in a healthy run: (dashboard uid, panel title).
+OPTIONAL_PANELS: set[tuple[str, str]] = set()
+
+# A flow as one readable string, the value of the flow detail's `flow` variable.
+FLOW_KEY = (
+    "concat(IPv6NumToString(src_addr), ':', toString(src_port), ' > ',"
+    " IPv6NumToString(dst_addr), ':', toString(dst_port), ' / ', toString(ip_protocol))"
+)
+GAMING = "'DETECTION_KIND_GAMING_FLOW_CLASSIFIED'"
+NO_TIME = "toDateTime64(0, 9, 'UTC')"
+
+
+def _ms(later: str, earlier: str) -> str:
+    """Milliseconds between two DateTime64(9) columns; NULL when either is unset (epoch 0)."""
+    return (
+        f"if({later} > {NO_TIME} AND {earlier} > {NO_TIME},"
+        f" (toUnixTimestamp64Nano({later}) - toUnixTimestamp64Nano({earlier})) / 1e6, NULL)"
+    )
+
+
+class _Layout:
+    """Panels left to right in rows of 24 grid units; ids in order, so builds are deterministic."""
+
+    def __init__(self, uid: str) -> None:
+        self.uid, self.x, self.y, self.row_h, self.next_id = uid, 0, 0, 0, 1
+
+    def place(self, panel, w: int, h: int, optional: bool = False):
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        panel.id(self.next_id).grid_pos(dm.GridPos(h=h, w=w, x=self.x, y=self.y))
+        panel.datasource(datasource_ref())
+        self.next_id += 1
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        if optional:
+            OPTIONAL_PANELS.add((self.uid, panel.build().title or ""))
+        return panel
+
+
+def _dashboard(uid: str, title: str, description: str) -> db.Dashboard:
+    return (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["cgloop"])
+        .timezone("utc")
+        .time("now-15m", "now")
+        .refresh("10s")
+        .readonly()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+    )
+
+
+def _series(title: str, sql: str, unit: str, points: bool = False) -> timeseries.Panel:
+    panel = timeseries.Panel().title(title).with_target(Query(sql, "time_series")).unit(unit)
+    if points:
+        panel.draw_style(GraphDrawStyle.POINTS).show_points(VisibilityMode.ALWAYS).point_size(6)
+    return panel
+
+
+def _table(title: str, sql: str) -> table.Panel:
+    return table.Panel().title(title).with_target(Query(sql))
+
+
+def _stat(title: str, sql: str, unit: str = "none") -> stat.Panel:
+    return stat.Panel().title(title).with_target(Query(sql)).unit(unit)
+
+
+def _custom(name: str, label: str, values: list[str]) -> db.CustomVariable:
+    return (
+        db.CustomVariable(name)
+        .label(label)
+        .values(",".join(values))
+        .current(dm.VariableOption(selected=True, text=values[0], value=values[0]))
+    )
+
+
+def noc_overview() -> db.Dashboard:
+    uid = "cgloop-noc"
+    lay = _Layout(uid)
+    slo = "${slo_ms}"
+    d = _dashboard(
+        uid,
+        "cgloop / NOC overview",
+        "Gaming flows and their latency SLO, what the detectors see and what the loop does.",
+    ).with_variable(_custom("slo_ms", "gaming p99 latency SLO (ms)", ["50", "30", "20", "100"]))
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Gaming flows",
+                "SELECT uniqExact(src_addr, dst_addr, src_port, dst_port, ip_protocol) AS flows"
+                " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Gaming flows over their SLO",
+                "SELECT countIf(worst > " + slo + ") AS over_slo FROM ("
+                " SELECT max(p99_latency_ns) / 1e6 AS worst FROM cgloop.gaming_flow_minutes"
+                " WHERE $__timeFilter(minute)"
+                " GROUP BY src_addr, dst_addr, src_port, dst_port, ip_protocol)",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Detections",
+                "SELECT count() AS detections FROM cgloop.detections FINAL"
+                f" WHERE $__timeFilter(window_end) AND kind != {GAMING}",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Actions taken",
+                "SELECT count() AS actions FROM cgloop.loop_actions"
+                " WHERE $__timeFilter(decided_at)",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Gaming flows and SLO status",
+                "SELECT platform, IPv6NumToString(src_addr) AS server, src_port,"
+                " IPv6NumToString(dst_addr) AS client, dst_port,"
+                " sum(packets) AS received_packets,"
+                " round(max(p99_latency_ns) / 1e6, 2) AS worst_p99_latency_ms,"
+                " round(max(p99_jitter_ns) / 1e6, 2) AS worst_p99_jitter_ms,"
+                " round(100 * sum(lost_packets) / greatest(sum(lost_packets) + sum(packets), 1),"
+                " 3) AS loss_pct,"
+                " if(worst_p99_latency_ms > " + slo + ", 'OVER SLO', 'ok') AS slo"
+                " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
+                " GROUP BY platform, src_addr, src_port, dst_addr, dst_port"
+                " ORDER BY worst_p99_latency_ms DESC",
+            ),
+            24,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Gaming flows: p99 latency per minute",
+                "SELECT minute AS time,"
+                " concat(platform, ' ', IPv6NumToString(src_addr), ':', toString(src_port))"
+                " AS flow, p99_latency_ns / 1e6 AS p99_ms"
+                " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
+                " ORDER BY time",
+                "ms",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Detections per kind",
+                "SELECT $__timeInterval(window_end) AS time, kind, count() AS detections"
+                " FROM cgloop.detections FINAL"
+                f" WHERE $__timeFilter(window_end) AND kind != {GAMING}"
+                " GROUP BY time, kind ORDER BY time",
+                "none",
+                points=True,
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Active detections",
+                "SELECT window_end AS time, kind, severity, round(confidence, 3) AS confidence,"
+                " subject_type,"
+                " multiIf(subject_type = 'flow', concat(IPv6NumToString(flow_src_addr), ':',"
+                " toString(flow_src_port), ' > ', IPv6NumToString(flow_dst_addr), ':',"
+                " toString(flow_dst_port)),"
+                " subject_type = 'queue', concat(queue_node_id, '/', queue_interface_name, '/',"
+                " toString(queue_id)),"
+                " subject_type = 'link', concat(link_src_device_id, ' > ', link_dst_device_id),"
+                " subject_type = 'node', node_id, function_name) AS subject, detector"
+                " FROM cgloop.detections FINAL"
+                f" WHERE $__timeFilter(window_end) AND kind != {GAMING}"
+                " ORDER BY window_end DESC LIMIT 100",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Loop actions",
+                "SELECT decided_at AS time, operation, target_node_id AS node, final_state,"
+                " verdict, detection_to_apply_ns / 1e6 AS detection_to_apply_ms, message"
+                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
+                " ORDER BY decided_at DESC LIMIT 100",
+            ),
+            12,
+            8,
+        )
+    )
+    return d
+
+
+def flow_detail() -> db.Dashboard:
+    uid = "cgloop-flow"
+    lay = _Layout(uid)
+    where = "$__timeFilter({t}) AND " + FLOW_KEY + " = '${flow}'"
+    # Gaming flows first, worst first, so the default selection is the flow a NOC wants.
+    flows = (
+        db.QueryVariable("flow")
+        .label("flow")
+        .datasource(datasource_ref())
+        .query(
+            f"SELECT {FLOW_KEY} AS flow FROM cgloop.flow_minutes WHERE $__timeFilter(minute)"
+            " GROUP BY flow"
+            " ORDER BY max(platform != '') DESC, max(p99_latency_ns) DESC, sum(packets) DESC"
+        )
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.DISABLED)
+    )
+    d = (
+        _dashboard(
+            uid,
+            "cgloop / flow detail",
+            "One flow: latency percentiles over time, the latency CDF, its worst events.",
+        )
+        .with_variable(flows)
+        .with_variable(_custom("worst_n", "worst N events", ["20", "10", "50", "100"]))
+    )
+    pct = (
+        "SELECT time, q[1] / 1e6 AS p50, q[2] / 1e6 AS p90, q[3] / 1e6 AS p99,"
+        " q[4] / 1e6 AS p999 FROM ("
+        " SELECT $__timeInterval(window) AS time,"
+        " quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)({col}) AS q"
+        " FROM cgloop.flow_stats_1s WHERE " + where.replace("{t}", "window") + " GROUP BY time)"
+        " WHERE NOT isNaN(q[1]) ORDER BY time"
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "End-to-end latency percentiles (INT)", pct.replace("{col}", "latency_ns"), "ms"
+            ),
+            12,
+            9,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series("RTP jitter percentiles", pct.replace("{col}", "jitter_ns"), "ms"),
+            12,
+            9,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            trend.Panel()
+            .title("Latency CDF (INT, 0.1 ms steps)")
+            .x_field("latency_ms")
+            .unit("percentunit")
+            .with_target(
+                Query(
+                    "SELECT latency_ms, sum(n) OVER (ORDER BY latency_ms) / sum(n) OVER ()"
+                    " AS fraction FROM ("
+                    " SELECT round(end_to_end_latency_ns / 1e6, 1) AS latency_ms, count() AS n"
+                    " FROM cgloop.int_flow_records WHERE " + where.replace("{t}", "time") + ""
+                    " GROUP BY latency_ms) ORDER BY latency_ms"
+                )
+            ),
+            12,
+            9,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Worst ${worst_n} latency events over time (INT)",
+                "SELECT time, latency_ms FROM ("
+                " SELECT time, end_to_end_latency_ns / 1e6 AS latency_ms"
+                " FROM cgloop.int_flow_records WHERE " + where.replace("{t}", "time") + ""
+                " ORDER BY end_to_end_latency_ns DESC LIMIT ${worst_n}) ORDER BY time",
+                "ms",
+                points=True,
+            ),
+            12,
+            9,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Throughput, RTP loss and drops",
+                "SELECT $__timeInterval(window) AS time,"
+                " sum(bytes) * 8 / $__interval_s AS bits_per_s,"
+                " sum(lost_packets) AS rtp_lost, sum(dropped_packets) AS int_dropped"
+                " FROM cgloop.flow_stats_1s WHERE " + where.replace("{t}", "window") + ""
+                " GROUP BY time ORDER BY time",
+                "bps",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Worst ${worst_n} latency events",
+                "SELECT time, round(end_to_end_latency_ns / 1e6, 3) AS latency_ms,"
+                " arrayStringConcat(arrayMap(s -> toString(s), path_switch_ids), ' > ') AS path,"
+                " reason FROM cgloop.int_flow_records WHERE " + where.replace("{t}", "time") + ""
+                " ORDER BY end_to_end_latency_ns DESC LIMIT ${worst_n}",
+            ),
+            12,
+            8,
+        )
+    )
+    return d
+
+
+def loop_audit() -> db.Dashboard:
+    uid = "cgloop-loop"
+    lay = _Layout(uid)
+    d = _dashboard(
+        uid,
+        "cgloop / loop audit",
+        "Every action of the loop: why, what the guards refused, what verification measured, and"
+        " how long each step took (detection, decision, applied, verified).",
+    )
+    # One row per action: its first record (the decision), the earliest detection it cites,
+    # and the latest result (applied / verified times).
+    steps = (
+        "SELECT a.id AS action_id, a.operation AS operation, a.policy_id AS policy,"
+        " min(d.window_end) AS detected_at, any(a.time) AS decided_at,"
+        " any(r.applied) AS applied_at, any(r.verified) AS verified_at,"
+        " any(r.state) AS state, any(r.verdict) AS verdict"
+        " FROM (SELECT * FROM cgloop.actions FINAL WHERE $__timeFilter(time)"
+        " ORDER BY time LIMIT 1 BY id) AS a"
+        " ARRAY JOIN a.reason_detection_ids AS detection_id"
+        " INNER JOIN (SELECT id, window_end FROM cgloop.detections FINAL) AS d"
+        " ON d.id = detection_id"
+        " LEFT JOIN (SELECT action_id, max(applied) AS applied, max(verified) AS verified,"
+        " argMax(state, time) AS state, argMax(verdict, time) AS verdict"
+        " FROM cgloop.action_results FINAL GROUP BY action_id) AS r ON r.action_id = a.id"
+        " GROUP BY a.id, a.operation, a.policy_id"
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Actions",
+                "SELECT count() AS actions FROM cgloop.loop_actions"
+                " WHERE $__timeFilter(decided_at)",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Refused by guards",
+                "SELECT countIf(final_state = 'ACTION_STATE_REFUSED') AS refused"
+                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Verified improvements",
+                "SELECT countIf(verdict = 'VERDICT_IMPROVED') AS improved"
+                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _stat(
+                "Detection to applied, p99",
+                "SELECT quantileExact(0.99)(" + _ms("applied_at", "detected_at") + ") AS p99_ms"
+                " FROM (" + steps + ")",
+                "ms",
+            ),
+            6,
+            4,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Loop latency per action: detection, decision, applied, verified",
+                "SELECT decided_at AS time, operation, policy, state, verdict,"
+                " " + _ms("decided_at", "detected_at") + " AS detection_to_decision_ms,"
+                " " + _ms("applied_at", "decided_at") + " AS decision_to_applied_ms,"
+                " " + _ms("verified_at", "applied_at") + " AS applied_to_verified_ms,"
+                " " + _ms("applied_at", "detected_at") + " AS detection_to_applied_ms,"
+                " action_id FROM (" + steps + ") ORDER BY decided_at DESC",
+            ),
+            24,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Loop latency over time",
+                "SELECT decided_at AS time,"
+                " " + _ms("decided_at", "detected_at") + " AS detection_to_decision_ms,"
+                " " + _ms("applied_at", "detected_at") + " AS detection_to_applied_ms,"
+                " " + _ms("verified_at", "detected_at") + " AS detection_to_verified_ms"
+                " FROM (" + steps + ") ORDER BY time",
+                "ms",
+                points=True,
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Guard refusals",
+                "SELECT decided_at AS time, policy_id, operation, target_node_id AS node,"
+                " message FROM cgloop.loop_actions"
+                " WHERE $__timeFilter(decided_at) AND final_state = 'ACTION_STATE_REFUSED'"
+                " ORDER BY decided_at DESC",
+            ),
+            12,
+            8,
+            optional=True,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Verification results",
+                "SELECT r.time AS time, a.operation AS operation, r.verdict AS verdict,"
+                " r.verified_metric AS metric, r.before_value AS before, r.after_value AS after,"
+                " r.latency_before.p99_ns / 1e6 AS p99_before_ms,"
+                " r.latency_after.p99_ns / 1e6 AS p99_after_ms, r.verification_detail AS detail"
+                " FROM cgloop.action_results AS r FINAL"
+                " LEFT JOIN (SELECT id, any(operation) AS operation FROM cgloop.actions FINAL"
+                " GROUP BY id) AS a ON a.id = r.action_id"
+                " WHERE $__timeFilter(r.time) AND r.verdict != 'VERDICT_UNSPECIFIED'"
+                " ORDER BY r.time DESC",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Actions and their reasons",
+                "SELECT la.decided_at AS time, la.operation AS operation,"
+                " la.final_state AS state, la.dry_run AS dry_run,"
+                " arrayStringConcat(groupArray(d.kind), ', ') AS reasons,"
+                " any(la.message) AS message"
+                " FROM cgloop.loop_actions AS la"
+                " ARRAY JOIN la.reason_detection_ids AS detection_id"
+                " LEFT JOIN (SELECT id, kind FROM cgloop.detections FINAL) AS d"
+                " ON d.id = detection_id WHERE $__timeFilter(la.decided_at)"
+                " GROUP BY la.action_id, la.decided_at, la.operation, la.final_state, la.dry_run"
+                " ORDER BY time DESC",
+            ),
+            12,
+            8,
+        )
+    )
+    return d
+
+
+def nodes() -> db.Dashboard:
+    uid = "cgloop-nodes"
+    lay = _Layout(uid)
+    node_filter = "node_id IN (${node:singlequote})"
+    node_var = (
+        db.QueryVariable("node")
+        .label("node")
+        .datasource(datasource_ref())
+        .query(
+            "SELECT DISTINCT node_id FROM cgloop.node_samples WHERE $__timeFilter(time)"
+            " ORDER BY node_id"
+        )
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .current(dm.VariableOption(selected=True, text="All", value="$__all"))
+    )
+    d = _dashboard(
+        uid,
+        "cgloop / nodes",
+        "Queues and traffic classes, CPU frequency and power of the nodes, active probe RTT.",
+    ).with_variable(node_var)
+    d.with_panel(
+        lay.place(
+            _series(
+                "Queue delay (INT)",
+                "SELECT $__timeInterval(time) AS time,"
+                " concat('switch ', toString(switch_id), ' port ', toString(egress_port),"
+                " ' q', toString(queue_id)) AS queue, max(queue_latency_ns) / 1e3 AS delay_us"
+                " FROM cgloop.int_queue_records WHERE $__timeFilter(time)"
+                " GROUP BY time, queue ORDER BY time",
+                "µs",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Queue occupancy (INT)",
+                "SELECT $__timeInterval(time) AS time,"
+                " concat('switch ', toString(switch_id), ' port ', toString(egress_port),"
+                " ' q', toString(queue_id)) AS queue, max(queue_occupancy_cells) AS cells"
+                " FROM cgloop.int_queue_records WHERE $__timeFilter(time)"
+                " GROUP BY time, queue ORDER BY time",
+                "none",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Traffic per DSCP class",
+                "SELECT $__timeInterval(interval_start) AS time,"
+                " concat('dscp ', toString(last_dscp)) AS class,"
+                " sum(bytes) * 8 / $__interval_s AS bits_per_s"
+                " FROM cgloop.flow_records WHERE $__timeFilter(interval_start)"
+                " GROUP BY time, class ORDER BY time",
+                "bps",
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Probe RTT",
+                "SELECT $__timeInterval(sent) AS time, probe_id,"
+                " quantileExact(0.99)(rtt_ns) / 1e3 AS p99_rtt_us"
+                " FROM cgloop.probe_records WHERE $__timeFilter(sent) AND NOT lost"
+                " GROUP BY time, probe_id ORDER BY time",
+                "µs",
+                points=True,
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "CPU frequency per core",
+                "SELECT time, concat(node_id, ' cpu', toString(c.core)) AS core,"
+                " c.frequency_khz / 1e3 AS mhz FROM cgloop.node_samples"
+                " ARRAY JOIN cores AS c WHERE $__timeFilter(time) AND " + node_filter + ""
+                " ORDER BY time",
+                "MHz",
+                points=True,
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Core utilisation",
+                "SELECT time, concat(node_id, ' cpu', toString(c.core)) AS core,"
+                " c.utilization AS utilisation FROM cgloop.node_samples"
+                " ARRAY JOIN cores AS c WHERE $__timeFilter(time) AND " + node_filter + ""
+                " ORDER BY time",
+                "percentunit",
+                points=True,
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _series(
+                "Power",
+                "SELECT time, node_id, power_watts AS watts FROM cgloop.node_samples"
+                " WHERE $__timeFilter(time) AND " + node_filter + " ORDER BY time",
+                "watt",
+                points=True,
+            ),
+            12,
+            8,
+        )
+    )
+    d.with_panel(
+        lay.place(
+            _table(
+                "Packet functions",
+                "SELECT node_id, f.function_name AS function, f.core AS core,"
+                " max(f.packets) AS packets, max(f.forwarded_packets) AS forwarded"
+                " FROM cgloop.node_samples ARRAY JOIN functions AS f"
+                " WHERE $__timeFilter(time) AND " + node_filter + ""
+                " GROUP BY node_id, function, core ORDER BY node_id, function",
+            ),
+            12,
+            8,
+        )
+    )
+    return d
+
+
+#: file stem -> builder
+DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
+    "noc-overview": noc_overview,
+    "flow-detail": flow_detail,
+    "loop-audit": loop_audit,
+    "nodes": nodes,
+}
+
+
+def render() -> dict[str, str]:
+    """Every dashboard's JSON text by file name; the same input always gives the same bytes."""
+    OPTIONAL_PANELS.clear()
+    out = {}
+    for stem, make in DASHBOARDS.items():
+        model = json.loads(json.dumps(make().build(), cls=JSONEncoder))
+        for panel in model["panels"]:
+            # The SDK writes `options: null` for a panel left at its defaults; Grafana's panel
+            # migrations expect an object.
+            if panel.get("options") is None:
+                panel["options"] = {}
+        out[f"{stem}.json"] = json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return out
+
+
+def write(folder: Path = PROVISIONED) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render().items():
+        path = folder / name
+        path.write_text(text)
+        written.append(path)
+    return written
