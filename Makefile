@@ -1,5 +1,5 @@
 # cgloop's front door. The two commands a newcomer needs:
-#   make run    the main job: the closed loop on the embedded default (installs what is missing first)
+#   make run    the main job: the closed loop on the lab and the embedded stack, then its report
 #   make test   the whole test suite (installs what is missing first)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -11,14 +11,14 @@ PY_OUT := proto/python/src
 .PHONY: help setup run test proto lint lint-proto lint-py build-rust clean
 
 help:
-	@echo "make run   - start cgloop on the embedded stack (Ctrl-C stops it)"
+	@echo "make run   - the closed loop on the lab: every service, a scenario with faults, the report (root)"
 	@echo "make test  - run every test (Rust, Python, cross-component)"
 
 setup:                      ## install everything missing (apt, uv, Python env, Kafka jars, buf, Rust)
 	@scripts/bootstrap.sh
 
 run: setup
-	uv run cgloop up --attach
+	uv run cgloop run
 
 test: setup
 	scripts/test.sh

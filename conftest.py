@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from cgloop.config import Settings
-from cgloop.testing import ROOT, StoreServer, cgloop_cmd, free_port
+from cgloop.testing import StoreServer, cgloop_cmd, free_port, private_settings
 
 
 @pytest.fixture
@@ -45,13 +45,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
     """The real embedded stack (Kafka + store, without the sink), up for one test module."""
     from cgloop.stack.stack import Stack
 
-    settings = Settings(
-        state_dir=tmp_path_factory.mktemp("stack"),
-        cache_dir=(ROOT / ".cache") if ROOT else Settings().cache_dir,
-        kafka_port=free_port(),
-        kafka_controller_port=free_port(),
-        store_port=free_port(),
-    )
+    settings = private_settings(tmp_path_factory.mktemp("stack"))
     stack = Stack(settings, sink=False)  # the sink has tests of its own (datasets/tests)
     try:
         status = stack.up()

@@ -11,8 +11,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cgloop.config import find_project_root
+
+if TYPE_CHECKING:
+    from cgloop.config import Settings
 
 #: The checkout the tests run from.
 ROOT = find_project_root(Path(__file__))
@@ -22,6 +26,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def private_settings(state_dir: Path) -> Settings:
+    """Settings for a stack of its own: state in `state_dir`, free loopback ports, the
+    project's download cache (so the Kafka jars are fetched once)."""
+    from cgloop.config import Settings
+
+    return Settings(
+        state_dir=state_dir,
+        cache_dir=(ROOT / ".cache") if ROOT else Settings().cache_dir,
+        kafka_port=free_port(),
+        kafka_controller_port=free_port(),
+        store_port=free_port(),
+    )
 
 
 def cgloop_cmd(*args: str) -> list[str]:

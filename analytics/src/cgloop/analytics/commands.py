@@ -111,6 +111,15 @@ def register(app: typer.Typer) -> None:
         state: Annotated[Path | None, typer.Option(help="worker state file")] = None,
         max_idle_s: Annotated[float | None, typer.Option(help="exit after idle seconds")] = None,
         anomaly: Annotated[bool, typer.Option(help="emit flow-anomaly detections")] = True,
+        latency_slo_ms: Annotated[
+            float | None, typer.Option(help="latency objective for every platform, ms")
+        ] = None,
+        slo_min_duration_s: Annotated[
+            float, typer.Option(help="how long a value stays past its SLO before it fires")
+        ] = 1.0,
+        latency_window_s: Annotated[
+            float, typer.Option(help="average latency over windows of this length (0: off)")
+        ] = 0.0,
     ) -> None:
         """Consume flows/INT/probes/nodes, emit detections to cgloop.detections.v1."""
         from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
@@ -127,7 +136,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"model {card.version} from {path}")
         else:
             console.print(f"[yellow]no model at {path}: classification off (run `cgloop train`)")
-        engine = AnalyticsEngine(clf, version, EngineConfig(anomaly=anomaly))
+        engine = AnalyticsEngine(clf, version, EngineConfig(
+            anomaly=anomaly, latency_slo_ms=latency_slo_ms,
+            slo_min_duration_s=slo_min_duration_s, latency_window_s=latency_window_s,
+        ))
         st = settings()
         worker = Worker(engine, st.bootstrap_servers,
                         state or st.state_dir / "analytics" / f"worker-{group}.json", group)

@@ -8,16 +8,17 @@ only the last `window_s` of records; idle ones are evicted on `evict()`.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from cgloop.analytics.detectors.base import Suppressor, ev, make_detection
 from cgloop.analytics.detectors.l4s import L4sAbuseDetector
 from cgloop.analytics.detectors.overload import QueueOverloadDetector
-from cgloop.analytics.detectors.slo import SloDetector
+from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, SloDetector
 from cgloop.analytics.features import FEATURE_NAMES, split_directions, window_features
 from cgloop.analytics.model import FlowClassifier
 from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label
+from cgloop.v1.action_pb2 import Action, ActionOperation, ActionState
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
 from cgloop.v1.flow_pb2 import FlowRecord
@@ -53,6 +54,13 @@ class EngineConfig:
     max_flows: int = 50_000
     idle_s: float = 30.0
     anomaly: bool = True  # detections for dashboards; labelled remediation=off
+    # Replaces every platform's latency objective (e.g. the lab's 20 ms gaming SLO).
+    latency_slo_ms: float | None = None
+    # How long a value must stay past its SLO before an episode fires.
+    slo_min_duration_s: float = 1.0
+    # > 0: latency samples are averaged over windows of this length before the detectors see
+    # them (how telemetry-window loops such as MOSAICO's work; the loop benchmark's baseline).
+    latency_window_s: float = 0.0
 
 
 class AnalyticsEngine:
@@ -61,11 +69,25 @@ class AnalyticsEngine:
         self.model = model
         self.model_version = model_version
         self.cfg = config or EngineConfig()
-        self.slo = SloDetector()
+        profiles = None
+        if self.cfg.latency_slo_ms is not None:
+            profiles = {
+                k: replace(v, latency_ms=self.cfg.latency_slo_ms) for k, v in PLATFORM_SLOS.items()
+            }
+        self.slo = SloDetector(
+            profiles, SeriesParams(min_duration_ns=int(self.cfg.slo_min_duration_s * NS))
+        )
         self.l4s = L4sAbuseDetector()
         self.overload = QueueOverloadDetector()
         self.convs: OrderedDict[TupleKey, _Conv] = OrderedDict()
+        # Gaming conversations by endpoint address (server and client): active probes toward
+        # either end measure the path the flow takes.
         self.servers: dict[bytes, set[TupleKey]] = {}
+        # DSCP a conversation's packets now carry downstream, when an action rewrote it (from
+        # cgloop.actions.v1): probes are matched to flows by the queue (DSCP) they measure.
+        self.flow_dscp: dict[TupleKey, int] = {}
+        self._actions: OrderedDict[str, Action] = OrderedDict()
+        self._latency_windows: dict[TupleKey, tuple[int, float, int]] = {}
         self._seq: dict[str, _SeqState] = {}
         self.watermark_ns = 0
         self.classified = 0
@@ -139,6 +161,7 @@ class AnalyticsEngine:
             if up:
                 self.slo.watch(up[0].five_tuple, platform, down=False, t_ns=conv.last_ns)
             self.servers.setdefault(d_ft.src_addr, set()).add(k)
+            self.servers.setdefault(d_ft.dst_addr, set()).add(k)
             out.append(make_detection(
                 DetectionKind.DETECTION_KIND_GAMING_FLOW_CLASSIFIED, Severity.SEVERITY_INFO,
                 float(proba[i, j]),
@@ -180,10 +203,51 @@ class AnalyticsEngine:
                 if conv is None or not conv.records:
                     continue
                 down, _ = split_directions(list(conv.records))
-                if down:
-                    out += self.slo.on_latency(down[0].five_tuple, p.header.timestamp_ns,
-                                               p.rtt_ns)
+                if not down:
+                    continue
+                dscp = self.flow_dscp.get(key, down[-1].last_dscp)
+                if p.dscp != dscp:
+                    continue  # a probe of another queue than the one this flow is in
+                out += self._latency(key, down[0].five_tuple, p.header.timestamp_ns, p.rtt_ns)
         return out
+
+    def _latency(self, key: TupleKey, ft: FiveTuple, t_ns: int, latency_ns: int) -> list:
+        """A latency sample for a flow; with `latency_window_s`, window means instead."""
+        w = int(self.cfg.latency_window_s * NS)
+        if w <= 0:
+            return self.slo.on_latency(ft, t_ns, latency_ns)
+        start, total, n = self._latency_windows.get(key, (t_ns - t_ns % w, 0.0, 0))
+        if t_ns >= start + w and n:
+            self._latency_windows[key] = (t_ns - t_ns % w, float(latency_ns), 1)
+            return self.slo.on_latency(ft, start + w, total / n)
+        self._latency_windows[key] = (start, total + latency_ns, n + 1)
+        return []
+
+    def on_actions(self, events) -> list[Detection]:
+        """Follow the DSCP of flows the loop reprioritised (applied, then maybe rolled back)."""
+        for e in events:
+            which = e.WhichOneof("event")
+            if which == "action":
+                a = e.action
+                if (a.operation == ActionOperation.ACTION_OPERATION_REPRIORITISE_FLOW
+                        and "rewrite_dscp" in a.parameters and not a.dry_run):
+                    self._actions[a.id] = a
+                    while len(self._actions) > 10_000:
+                        self._actions.popitem(last=False)
+            elif which == "result":
+                a = self._actions.get(e.result.action_id)
+                if a is None:
+                    continue
+                key = conversation_key(a.target.flow)
+                if e.result.state in (ActionState.ACTION_STATE_APPLIED,
+                                      ActionState.ACTION_STATE_VERIFIED):
+                    try:
+                        self.flow_dscp[key] = int(a.parameters["rewrite_dscp"], 0)
+                    except ValueError:
+                        continue
+                elif e.result.state == ActionState.ACTION_STATE_ROLLED_BACK:
+                    self.flow_dscp.pop(key, None)
+        return []
 
     def on_int(self, records) -> list[Detection]:
         out: list[Detection] = []
@@ -251,6 +315,10 @@ class AnalyticsEngine:
         for k in [k for k, c in self.convs.items() if c.last_ns < limit]:
             del self.convs[k]
             n += 1
+        for k in [k for k in self.flow_dscp if k not in self.convs]:
+            del self.flow_dscp[k]
+        for k in [k for k in self._latency_windows if k not in self.convs]:
+            del self._latency_windows[k]
         for addr in list(self.servers):
             self.servers[addr] = {k for k in self.servers[addr] if k in self.convs}
             if not self.servers[addr]:

@@ -30,7 +30,11 @@ from cgloop.v1.detection_pb2 import Detection, DetectionBatch
 
 log = logging.getLogger(__name__)
 
-INPUT_TOPICS = ("cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1")
+INPUT_TOPICS = (
+    "cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1",
+    # The loop's own actions: which flows now carry another DSCP (see AnalyticsEngine).
+    "cgloop.actions.v1",
+)
 OUTPUT_TOPIC = "cgloop.detections.v1"
 STATE_VERSION = 1
 
@@ -120,6 +124,8 @@ class Worker:
         self._stop = True
 
     def _dispatch(self, topic: str, batch) -> list[Detection]:
+        if topic == "cgloop.actions.v1":
+            return self.engine.on_actions(list(batch.events))
         records = list(batch.records)
         self.stats.records += len(records)
         if topic == "cgloop.flows.v1":

@@ -77,6 +77,14 @@ def in_netns(ns: str, fn: Callable[[], Any]) -> Any:
     return result.get("value")
 
 
+def _htb_rates(cls) -> tuple[int, int, int]:
+    """(rate, ceil) in bytes/s and the priority of an HTB class from a netlink class dump."""
+    params = cls.get_nested("TCA_OPTIONS", "TCA_HTB_PARMS")
+    rate = cls.get_nested("TCA_OPTIONS", "TCA_HTB_RATE64") or params["rate"]
+    ceil = cls.get_nested("TCA_OPTIONS", "TCA_HTB_CEIL64") or params["ceil"]
+    return int(rate), int(ceil), int(params.get("prio", 0))
+
+
 def _sysctl(path: str, value: str) -> Callable[[], None]:
     def write() -> None:
         Path("/proc/sys", path).write_text(value)
@@ -169,12 +177,35 @@ class Lab:
             ipr.tc("add", "pfifo", idx, FIFO_HANDLE, parent=HTB_DEFAULT, limit=limit)
 
     def set_rate(self, node: str, peer: str, rate_mbit: float) -> None:
-        """Change the shaped rate of node's egress towards peer (the rate-cap fault)."""
-        rate = f"{round(rate_mbit * 1000)}kbit"
+        """Change the shaped rate of node's egress towards peer (the rate-cap fault).
+
+        The link class `1:1` gets the new rate. Its children (the default leaf, and the classes
+        the node agent added) are scaled with it, so their guaranteed rates still add up to the
+        link and no class can send more than the link carries: a gaming class moved out of the
+        default leaf must not escape the cap. A ceil at the old link rate follows the link;
+        each class keeps its priority.
+        """
+        new_bps = round(rate_mbit * 1e6 / 8)  # bytes/s, as the kernel counts
         with IPRoute(netns=self.ns(node)) as ipr:
             idx = ipr.link_lookup(ifname=peer)[0]
-            for cls, parent in ((HTB_TOP, HTB_ROOT), (HTB_DEFAULT, HTB_TOP)):
-                ipr.tc("change-class", "htb", idx, cls, parent=parent, rate=rate, ceil=rate)
+            classes = {c["handle"]: c for c in ipr.get_classes(index=idx)}
+            top = classes.get(HTB_TOP)
+            if top is None:
+                raise RuntimeError(f"{self.ns(node)}/{peer}: no HTB link class 1:1 to cap")
+            old_bps, _, _ = _htb_rates(top)
+            ratio = new_bps / max(old_bps, 1)
+            rate = f"{round(rate_mbit * 1000)}kbit"
+            ipr.tc("change-class", "htb", idx, HTB_TOP, parent=HTB_ROOT, rate=rate, ceil=rate)
+            for handle, cls in classes.items():
+                if cls["parent"] != HTB_TOP:
+                    continue
+                c_rate, c_ceil, prio = _htb_rates(cls)
+                ceil = new_bps if c_ceil >= old_bps else min(new_bps, round(c_ceil * ratio))
+                ipr.tc(
+                    "change-class", "htb", idx, handle, parent=HTB_TOP,
+                    rate=f"{max(1, round(c_rate * ratio * 8 / 1000))}kbit",
+                    ceil=f"{max(1, round(ceil * 8 / 1000))}kbit", prio=prio,
+                )
 
     def rate_mbit(self, node: str, peer: str) -> float | None:
         with IPRoute(netns=self.ns(node)) as ipr:

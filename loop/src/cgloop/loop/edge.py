@@ -1,0 +1,142 @@
+"""The edge node's part of the loop: where the probe and the agent attach, and the queues and
+active probes the agent sets up before the loop may act.
+
+`EdgePlan` is read from the lab's topology and the scenario: the edge is the router on the
+bottleneck link's sending side, its bottleneck interface is named after the peer (`cpe`), the
+probe watches every edge interface at ingress (each packet is seen once: downstream where it
+enters from a server, upstream where it enters from the access link), and the agent probes every
+gaming client through the bottleneck, once per class (DSCP 0 = best effort, DSCP 46 = the
+gaming class), so the loop can compare the queue a flow is in with the one it could move to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from cgloop.lab.scenario import Scenario
+from cgloop.lab.sessions import GamingSpec
+from cgloop.lab.topology import Topology
+from cgloop.v1 import node_agent_pb2 as na
+from cgloop.v1 import probe_pb2
+from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
+
+# HTB layout under the lab's link class 1:1 (the lab owns 1:, 1:1 and the default leaf 1:10).
+LINK_CLASS = 0x00010001
+DEFAULT_CLASS = 0x00010010  # best effort: the deep FIFO every flow starts in
+GAMING_CLASS = 0x00010020  # cloud gaming: served first, up to the link
+DEMOTED_CLASS = 0x00010030  # flows demoted by policy (L4S abusers): served last
+EF_DSCP = 46
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    client: str
+    address: ipaddress.IPv4Address
+
+
+@dataclass
+class EdgePlan:
+    node: str
+    bottleneck: str  # the edge's interface towards the access link (named after the peer)
+    interfaces: list[str]
+    link_mbit: float
+    targets: list[ProbeTarget] = field(default_factory=list)
+
+    @classmethod
+    def from_lab(cls, topo: Topology, scenario: Scenario) -> EdgePlan:
+        link = topo.bottleneck()
+        assert link.bottleneck is not None
+        clients = sorted({t.client for t in scenario.traffic if isinstance(t, GamingSpec)})
+        return cls(
+            node=link.a,
+            bottleneck=link.b,
+            interfaces=sorted(topo.neighbours(link.a)),
+            link_mbit=link.bottleneck.down_mbit,
+            targets=[ProbeTarget(c, topo.address(c)) for c in clients],
+        )
+
+    def hierarchy(self) -> na.QueueHierarchy:
+        """Three classes whose guaranteed rates add up to the link (the lab's rate-cap fault
+        scales them together); gaming is served first and may take the whole link."""
+        bps = int(self.link_mbit * 1e6)
+        burst = 64 * 1024
+
+        def cls(name: str, cid: int, parent: int, rate: int, prio: int) -> na.HtbClass:
+            return na.HtbClass(
+                name=name, class_id=cid, parent_class_id=parent, rate_bps=rate, ceil_bps=bps,
+                priority=prio, burst_bytes=burst, cburst_bytes=burst,
+            )
+
+        return na.QueueHierarchy(
+            interface_name=self.bottleneck,
+            default_class_id=DEFAULT_CLASS,
+            classes=[
+                cls("link", LINK_CLASS, 0, bps, 0),
+                cls("best-effort", DEFAULT_CLASS, LINK_CLASS, bps * 5 // 10, 2),
+                cls("gaming", GAMING_CLASS, LINK_CLASS, bps * 4 // 10, 0),
+                cls("demoted", DEMOTED_CLASS, LINK_CLASS, bps // 10, 4),
+            ],
+        )
+
+    def probes(self) -> list[na.ProbeSpec]:
+        specs = []
+        for t in self.targets:
+            for dscp, label in ((0, "be"), (EF_DSCP, "ef")):
+                specs.append(
+                    na.ProbeSpec(
+                        probe_id=f"{self.node}-{t.client}-{label}",
+                        method=probe_pb2.PROBE_METHOD_UDP_ECHO,
+                        target_addr=socket.inet_aton(str(t.address)),
+                        target_port=7799,
+                        dscp=dscp,
+                        interval_ns=20_000_000,
+                        interval_jitter_ns=10_000_000,
+                        packet_bytes=96,
+                        timeout_ns=1_000_000_000,
+                    )
+                )
+        return specs
+
+
+def agent_channel(socket_path: str, credentials: grpc.ChannelCredentials) -> grpc.Channel:
+    return grpc.secure_channel(
+        f"unix:{socket_path}", credentials,
+        options=[("grpc.ssl_target_name_override", "localhost")],
+    )
+
+
+def configure_agent(stub: NodeAgentServiceStub, plan: EdgePlan, run_id: str) -> None:
+    """Queues, the EF rule and the active probes, each an idempotent action of this run."""
+    stub.ApplyQueueHierarchy(
+        na.ApplyQueueHierarchyRequest(action_id=f"{run_id}-queues", hierarchy=plan.hierarchy()),
+        timeout=10,
+    )
+    stub.SetFlowClass(
+        na.SetFlowClassRequest(
+            action_id=f"{run_id}-ef",
+            rule=na.FlowClassRule(
+                interface_name=plan.bottleneck, class_id=GAMING_CLASS, match_dscp=EF_DSCP
+            ),
+        ),
+        timeout=10,
+    )
+    for spec in plan.probes():
+        stub.StartProbe(
+            na.StartProbeRequest(action_id=f"{run_id}-probe-{spec.probe_id}", spec=spec),
+            timeout=10,
+        )
+
+
+def wait_for_probe_records(stub: NodeAgentServiceStub, timeout_s: float = 10.0) -> None:
+    """The probes answer: every session has RTT samples (the reflectors are up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = stub.GetState(na.GetStateRequest(), timeout=5).state
+        if state.probe_status and all(p.received_packets for p in state.probe_status):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the agent's probes got no replies (reflectors not answering?)")

@@ -1,0 +1,321 @@
+"""The loop's report: per fault, onset → detection → decision → action applied → verified →
+gaming latency recovered, and the gaming flows' latency before, during and after.
+
+Times come from two clocks that are the same clock here (CLOCK_REALTIME on one machine): fault
+onsets and the gaming packets' one-way delays from the lab (ground truth, measured at the
+receivers), detection/decision/applied/verified from the records the services wrote to the
+store. Recovery is read from the ground truth: the end of the last 250 ms window whose gaming
+p99 exceeded the SLO, when every later window of the fault stays under it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import time
+from pathlib import Path
+
+import clickhouse_connect
+from cgloop.lab.scenario import FaultEvent
+from cgloop.lab.traffic.stats import Packets
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+RECOVERY_WINDOW_NS = 250_000_000
+# Detection kinds that concern a fault's victims or culprits (not classification, anomalies).
+FAULT_KINDS = tuple(
+    f"DETECTION_KIND_{k}" for k in (
+        "SLO_LATENCY", "SLO_JITTER", "SLO_LOSS", "SLO_THROUGHPUT",
+        "L4S_UNRESPONSIVE_ECN", "L4S_MICROBURST", "CLASSIC_QUEUE_BURST", "QUEUE_OVERLOAD",
+    )
+)
+
+
+def _short(enum_name: str, prefix: str) -> str:
+    """`DETECTION_KIND_SLO_LATENCY` → `slo_latency` (the store keeps protobuf enum names)."""
+    return enum_name.removeprefix(prefix).lower()
+
+
+class Latency(BaseModel):
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    loss_pct: float | None = None
+    packets: int = 0
+
+
+class FaultOutcome(BaseModel):
+    trial: str
+    fault: str
+    kind: str
+    onset_ns: int
+    end_ns: int
+    # ground truth: did the fault push any gaming flow's p99 over the SLO, and when it was
+    # back under (None: affected until the fault ended)
+    affected: bool = False
+    recovered_ns: int | None = None
+    detection_ns: int | None = None
+    detection_kind: str | None = None
+    decision_ns: int | None = None
+    applied_ns: int | None = None
+    verified_ns: int | None = None
+    verdict: str | None = None
+    action: str | None = None
+    # every detection between onset - 1 s and the fault's end: (ms after onset, kind, subject)
+    detections: list[tuple[float, str, str]] = []
+    before: Latency = Latency()
+    during: Latency = Latency()
+    after: Latency = Latency()
+
+    def ms(self, t: int | None) -> float | None:
+        return None if t is None else (t - self.onset_ns) / 1e6
+
+
+class LoopReport(BaseModel):
+    run_dir: str
+    slo_p99_ms: float
+    loop: str
+    faults: list[FaultOutcome]
+    gaming_flows_classified: int
+    rows: dict[str, int]
+
+
+def _worst(packets: list[Packets], start: int, end: int) -> Latency:
+    """The gaming session with the highest p99 in [start, end)."""
+    worst = Latency()
+    for p in packets:
+        s = p.window(start, end).summary()
+        if s.p99_ms is not None and (worst.p99_ms is None or s.p99_ms > worst.p99_ms):
+            worst = Latency(p50_ms=s.p50_ms, p99_ms=s.p99_ms, loss_pct=s.loss_pct,
+                            packets=s.packets)
+    return worst
+
+
+def recovery(
+    packets: list[Packets], onset: int, end: int, slo_ms: float
+) -> tuple[bool, int | None]:
+    """(affected, recovered_ns) from every gaming flow's downstream packets during the fault."""
+    last_bad = None
+    t = onset
+    while t < end:
+        p99s = [
+            w.summary().p99_ms for p in packets if len(w := p.window(t, t + RECOVERY_WINDOW_NS))
+        ]
+        if any(v is not None and v > slo_ms for v in p99s):
+            last_bad = t + RECOVERY_WINDOW_NS
+        t += RECOVERY_WINDOW_NS
+    if last_bad is None:
+        return False, None
+    if last_bad >= end:
+        return True, None
+    return True, last_bad
+
+
+def _ns(x) -> int | None:
+    if x is None:
+        return None
+    ts = x.timestamp() if hasattr(x, "timestamp") else float(x)
+    return round(ts * 1e9) if ts > 0 else None
+
+
+# Detections are looked for from this long before onset: a fault can be seen as it is applied.
+LOOKBACK_NS = 1_000_000_000
+
+
+def loop_timeline(client, onset: int, end: int, run_source: str) -> dict:
+    """The first fault detection from just before onset, and the first action it led to."""
+    out: dict = {}
+    every = client.query(
+        "SELECT id, kind, time, labels['flow'] FROM cgloop.detections FINAL "
+        "WHERE time >= fromUnixTimestamp64Nano({a:Int64}) "
+        "AND time < fromUnixTimestamp64Nano({b:Int64}) ORDER BY time LIMIT 200",
+        parameters={"a": onset - LOOKBACK_NS, "b": end},
+    ).result_rows
+    out["detections"] = [
+        (round((_ns(t) - onset) / 1e6, 1), _short(k, "DETECTION_KIND_"), subject)
+        for _, k, t, subject in every
+    ]
+    rows = [r for r in every if r[1] in FAULT_KINDS]
+    if not rows:
+        return out
+    out["detection_kind"] = _short(rows[0][1], "DETECTION_KIND_")
+    out["detection_ns"] = _ns(rows[0][2])
+    ids = [r[0] for r in rows]
+    acts = client.query(
+        "SELECT id, operation, parameters, time FROM cgloop.actions FINAL "
+        "WHERE hasAny(reason_detection_ids, {ids:Array(String)}) AND source_id = {src:String} "
+        "AND rollback_of_action_id = '' ORDER BY time LIMIT 1",
+        parameters={"ids": ids, "src": run_source},
+    ).result_rows
+    if not acts:
+        return out
+    aid, op, params, t = acts[0]
+    out["action"] = f"{_short(op, 'ACTION_OPERATION_')} " + ",".join(
+        f"{k}={v}" for k, v in sorted(params.items())
+    )
+    out["decision_ns"] = _ns(t)
+    results = client.query(
+        "SELECT state, verdict, applied, verified FROM cgloop.action_results FINAL "
+        "WHERE action_id = {id:String} ORDER BY time",
+        parameters={"id": aid},
+    ).result_rows
+    for state, verdict, applied, verified in results:
+        if _ns(applied):
+            out["applied_ns"] = _ns(applied)
+        if _ns(verified):
+            out["verified_ns"] = _ns(verified)
+        state = _short(state, "ACTION_STATE_")
+        verdict = _short(verdict or "", "VERDICT_")
+        out["verdict"] = f"{state} ({verdict})" if verdict not in ("", "unspecified") else state
+    return out
+
+
+def build_report(
+    store_url: str,
+    run_dir: Path,
+    trials: list[tuple[str, list[FaultEvent], list[Packets]]],
+    slo_ms: float,
+    run_source: str,
+    loop: str,
+    wait_s: float = 30.0,
+) -> LoopReport:
+    """Wait until the store holds the run's last actions/results (the sink commits in batches),
+    then put the timeline of every fault together."""
+    client = clickhouse_connect.get_client(dsn=store_url)
+    faults: list[FaultOutcome] = []
+    last_end = max((ev.end_ns or ev.onset_ns for _, evs, _ in trials for ev in evs), default=0)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        n = client.query(
+            "SELECT count() FROM cgloop.flow_records WHERE interval_end >= "
+            "fromUnixTimestamp64Nano({t:Int64})", parameters={"t": last_end},
+        ).result_rows[0][0]
+        if n:
+            break
+        time.sleep(1)
+    time.sleep(2)  # the detections/actions topics flush on their own batch timers
+    for trial, events, packets in trials:
+        for ev in events:
+            end = ev.end_ns or ev.onset_ns
+            span = end - ev.onset_ns
+            affected, recovered = recovery(packets, ev.onset_ns, end, slo_ms)
+            o = FaultOutcome(
+                trial=trial, fault=ev.id, kind=ev.kind, onset_ns=ev.onset_ns, end_ns=end,
+                affected=affected, recovered_ns=recovered,
+                **loop_timeline(client, ev.onset_ns, end, run_source),
+            )
+            o.before = _worst(packets, ev.onset_ns - span, ev.onset_ns)
+            o.during = _worst(packets, ev.onset_ns, end)
+            o.after = _worst(packets, end + 1_000_000_000, end + 1_000_000_000 + span)
+            faults.append(o)
+    counts = {}
+    for table in ("flow_records", "probe_records", "detections", "actions", "action_results"):
+        counts[table] = client.query(f"SELECT count() FROM cgloop.{table}").result_rows[0][0]
+    classified = client.query(
+        "SELECT count(DISTINCT flow_src_port, flow_dst_port) FROM cgloop.detections "
+        "WHERE kind = 'DETECTION_KIND_GAMING_FLOW_CLASSIFIED' "
+        "AND time >= fromUnixTimestamp64Nano({t:Int64})",
+        parameters={"t": min((ev.onset_ns for _, evs, _ in trials for ev in evs), default=0)
+                    - 60_000_000_000},
+    ).result_rows[0][0]
+    report = LoopReport(
+        run_dir=str(run_dir), slo_p99_ms=slo_ms, loop=loop, faults=faults,
+        gaming_flows_classified=classified, rows=counts,
+    )
+    (run_dir / "loop-report.json").write_text(report.model_dump_json(indent=1))
+    return report
+
+
+def _f(x: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_report(report: LoopReport, console: Console) -> None:
+    t = Table(title=f"cgloop closed loop ({report.loop}): gaming SLO p99 < "
+              f"{report.slo_p99_ms:g} ms; times in ms after the fault's onset")
+    for col in ("fault", "detected", "decided", "applied", "verified", "recovered",
+                "action / verdict", "gaming p99 before / during / after (ms)"):
+        t.add_column(col)
+    for o in report.faults:
+        rec = ("not affected" if not o.affected
+               else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
+        t.add_row(
+            f"{o.fault} ({o.kind})",
+            f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}".strip(),
+            _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
+            f"{o.action or '-'}\n{o.verdict or ''}".strip(),
+            f"{_f(o.before.p99_ms, '{:.1f}')} / {_f(o.during.p99_ms, '{:.1f}')} / "
+            f"{_f(o.after.p99_ms, '{:.1f}')}",
+        )
+    console.print(t)
+    console.print(
+        f"gaming flows classified: {report.gaming_flows_classified}; rows in the store: "
+        + ", ".join(f"{k} {v}" for k, v in report.rows.items())
+    )
+
+
+def _plot(report: LoopReport, trials_packets: dict[str, list[Packets]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(report.faults))
+    fig, axes = plt.subplots(n, 1, figsize=(9, 2.6 * n), squeeze=False)
+    for ax, o in zip(axes[:, 0], report.faults, strict=False):
+        for p in trials_packets.get(o.trial, []):
+            w = p.window(o.onset_ns - 5_000_000_000, o.end_ns + 5_000_000_000)
+            if not len(w):
+                continue
+            ax.plot((w.send_ns - o.onset_ns) / 1e9, (w.recv_ns - w.send_ns) / 1e6, ",", alpha=0.5)
+        ax.axhline(report.slo_p99_ms, color="k", lw=0.8, ls="--", label="SLO")
+        ax.axvspan(0, (o.end_ns - o.onset_ns) / 1e9, color="tab:red", alpha=0.08, label="fault")
+        for t, label, c in ((o.detection_ns, "detected", "tab:orange"),
+                            (o.applied_ns, "applied", "tab:green"),
+                            (o.recovered_ns, "recovered", "tab:blue")):
+            if t:
+                ax.axvline((t - o.onset_ns) / 1e9, color=c, lw=1, label=label)
+        ax.set_title(f"{o.fault} ({o.kind})", fontsize=9)
+        ax.set_ylabel("one-way delay, ms")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("seconds after the fault's onset")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_html(report: LoopReport, path: Path, trials_packets: dict[str, list[Packets]]) -> Path:
+    """A self-contained page: the table and the plots (PNG embedded)."""
+    rows = []
+    for o in report.faults:
+        rec = ("not affected" if not o.affected
+               else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
+        cells = [f"{o.fault} ({o.kind})", f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}",
+                 _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
+                 f"{o.action or '-'} {o.verdict or ''}",
+                 f"{_f(o.before.p99_ms, '{:.1f}')} / {_f(o.during.p99_ms, '{:.1f}')} / "
+                 f"{_f(o.after.p99_ms, '{:.1f}')}"]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in (
+        "fault", "detected (ms)", "decided (ms)", "applied (ms)", "verified (ms)",
+        "recovered (ms)", "action / verdict", "gaming p99 before / during / after (ms)"))
+    png = _plot(report, trials_packets)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>cgloop loop report</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px;
+font-size:13px}}table{{border-collapse:collapse}}</style></head><body>
+<h1>cgloop closed loop ({html.escape(report.loop)})</h1>
+<p>Gaming SLO: one-way p99 &lt; {report.slo_p99_ms:g} ms. Times in ms after each fault's onset.
+Gaming flows classified: {report.gaming_flows_classified}. Rows in the store:
+{html.escape(", ".join(f"{k} {v}" for k, v in report.rows.items()))}.</p>
+<table><tr>{head}</tr>{"".join(rows)}</table>
+<h2>Gaming one-way delay around each fault</h2><img src="data:image/png;base64,{png}">
+</body></html>"""
+    path.write_text(page)
+    return path
+
+
+__all__ = ["LoopReport", "build_report", "print_report", "recovery", "write_html"]

@@ -1,0 +1,89 @@
+"""The loop's plan without root: where services attach, the queues, the policies it renders,
+how a scenario becomes trials, and how recovery is read from the ground truth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cgloop.lab.scenario import load_scenario
+from cgloop.lab.topology import load_topology
+from cgloop.lab.traffic.stats import Packets
+from cgloop.loop.closed_loop import LoopOptions, default_scenario, split_trials, write_policies
+from cgloop.loop.edge import DEFAULT_CLASS, EF_DSCP, GAMING_CLASS, LINK_CLASS, EdgePlan
+from cgloop.loop.report import recovery
+from cgloop.policy.model import load_policies
+
+
+@pytest.fixture
+def plan() -> EdgePlan:
+    return EdgePlan.from_lab(load_topology(), load_scenario(default_scenario()))
+
+
+def test_plan_from_the_default_lab(plan: EdgePlan) -> None:
+    assert (plan.node, plan.bottleneck) == ("edge", "cpe")
+    assert plan.interfaces == ["apps", "bulk", "cpe", "gs1", "gs2"]
+    assert [t.client for t in plan.targets] == ["cl1", "cl2"]
+    assert str(plan.targets[0].address) == "10.77.11.2"
+
+
+def test_queues_add_up_to_the_link(plan: EdgePlan) -> None:
+    h = plan.hierarchy()
+    link = next(c for c in h.classes if c.class_id == LINK_CLASS)
+    children = [c for c in h.classes if c.parent_class_id == LINK_CLASS]
+    assert link.rate_bps == 100_000_000
+    # guaranteed rates add up to the link: the rate-cap fault scales them together
+    assert sum(c.rate_bps for c in children) == link.rate_bps
+    gaming = next(c for c in children if c.class_id == GAMING_CLASS)
+    assert gaming.priority < next(c for c in children if c.class_id == DEFAULT_CLASS).priority
+    assert h.default_class_id == DEFAULT_CLASS
+
+
+def test_one_probe_per_client_and_queue(plan: EdgePlan) -> None:
+    probes = plan.probes()
+    assert sorted((p.probe_id, p.dscp) for p in probes) == [
+        ("edge-cl1-be", 0), ("edge-cl1-ef", EF_DSCP), ("edge-cl2-be", 0), ("edge-cl2-ef", EF_DSCP),
+    ]
+    assert all(p.interval_jitter_ns and p.timeout_ns for p in probes)
+
+
+def test_rendered_policies_validate_and_target_the_edge(plan: EdgePlan, tmp_path: Path) -> None:
+    policies = load_policies([write_policies(tmp_path, plan)])
+    assert {p.id for p in policies} == {"lab-gaming-latency-reprioritise", "lab-l4s-abuse-demote"}
+    text = (tmp_path / "loop.yaml").read_text()
+    assert "{edge_node}" not in text and "{edge_interface}" not in text
+    assert 'node_id: "edge"' in text and 'interface_name: "cpe"' in text
+    gaming = next(p for p in policies if p.id == "lab-gaming-latency-reprioritise")
+    assert gaming.action.operation.value == "reprioritise_flow"
+
+
+def test_each_fault_is_a_trial_with_fresh_gaming_flows() -> None:
+    sc = load_scenario(default_scenario())
+    opts = LoopOptions(lead_s=5, tail_s=3)
+    trials = split_trials(sc, opts)
+    assert len(trials) == len(sc.faults)
+    ports = [t.traffic[0].port for t in trials]
+    assert len(set(ports)) == len(ports) and sc.traffic[0].port not in ports
+    for t, f in zip(trials, sc.faults, strict=True):
+        assert len(t.faults) == 1 and t.faults[0].kind == f.kind
+        assert t.faults[0].at == 5 and t.duration == 5 + f.duration + 3
+
+
+def _packets(delays_ms: list[float], every_ms: float = 10.0, t0: int = 0) -> Packets:
+    n = len(delays_ms)
+    send = t0 + (np.arange(n) * every_ms * 1e6).astype(np.int64)
+    recv = send + (np.array(delays_ms) * 1e6).astype(np.int64)
+    return Packets(np.arange(n), send, recv, np.full(n, 1200))
+
+
+def test_recovery_from_ground_truth() -> None:
+    ms = 1_000_000
+    # 3 s fault: 700 ms bad, then good
+    p = _packets([80.0] * 70 + [3.0] * 230)
+    affected, rec = recovery([p], 0, 3000 * ms, slo_ms=20)
+    assert affected and rec == 750 * ms  # end of the last bad 250 ms window
+    # never bad: not affected
+    assert recovery([_packets([3.0] * 300)], 0, 3000 * ms, 20) == (False, None)
+    # bad until the end: affected, not recovered
+    assert recovery([_packets([3.0] * 100 + [90.0] * 200)], 0, 3000 * ms, 20) == (True, None)
