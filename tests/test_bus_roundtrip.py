@@ -10,20 +10,11 @@ import pytest
 from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
 from cgloop.bus.topics import DEADLETTER, TOPICS
-from cgloop.contracts.samples import SAMPLES
+from cgloop.contracts.samples import SAMPLE_FOR_TOPIC, SAMPLES
 from cgloop.v1.deadletter_pb2 import DeadLetter
 
 pytestmark = pytest.mark.kafka
 
-SAMPLE_FOR_TOPIC = {
-    "cgloop.flows.v1": "flow_record_batch",
-    "cgloop.int.v1": "int_record_batch",
-    "cgloop.probes.v1": "probe_record_batch",
-    "cgloop.nodes.v1": "node_sample_batch",
-    "cgloop.detections.v1": "detection_batch",
-    "cgloop.actions.v1": "action_batch",
-    "cgloop.deadletter.v1": "dead_letter",
-}
 
 
 def test_every_topic_has_a_sample() -> None:

@@ -17,7 +17,7 @@ import pytest
 from cgloop.bus.codec import _records
 from cgloop.bus.kafka import BatchProducer
 from cgloop.config import Settings
-from cgloop.contracts.samples import SAMPLES
+from cgloop.contracts.samples import SAMPLE_FOR_TOPIC, SAMPLES
 from cgloop.dashboards.build import OPTIONAL_PANELS, PROVISIONED, render
 from cgloop.dashboards.check import check_dashboards, load
 from cgloop.testing import ROOT, cgloop_cmd, free_port, wait_for_store
@@ -30,14 +30,8 @@ pytestmark = pytest.mark.kafka
 FROM_NS = 1_749_999_300 * 10**9  # 14:55
 TO_NS = 1_750_000_500 * 10**9  # 15:15
 
-BATCH_FOR_TOPIC = {
-    "cgloop.flows.v1": "flow_record_batch",
-    "cgloop.int.v1": "int_record_batch",
-    "cgloop.probes.v1": "probe_record_batch",
-    "cgloop.nodes.v1": "node_sample_batch",
-    "cgloop.detections.v1": "detection_batch",
-    "cgloop.actions.v1": "action_batch",
-}
+# every record topic (the dead letters are not records)
+DATA_TOPICS = {t: n for t, n in SAMPLE_FOR_TOPIC.items() if t != "cgloop.deadletter.v1"}
 # tables only the Kafka records fill, and how many rows of our source each gets
 FROM_KAFKA = {"probe_records": 6, "node_samples": 1, "int_queue_records": 1, "actions": 1}
 
@@ -102,7 +96,7 @@ def store_url(
         wait_for_store(url, proc, lambda: Path(log.name).read_text())
         source = f"dash-{uuid.uuid4()}"
         producer = BatchProducer(stack_settings.bootstrap_servers)
-        for topic, name in BATCH_FOR_TOPIC.items():
+        for topic, name in DATA_TOPICS.items():
             batch = SAMPLES[name]()
             if name == "probe_record_batch":  # the sample probe is lost: add answered ones
                 batch.records.extend(_answered_probes(batch.records[0]))

@@ -16,19 +16,9 @@ import httpx
 import pytest
 from cgloop.bus.codec import _records
 from cgloop.config import Settings
-from cgloop.contracts.samples import SAMPLES
+from cgloop.contracts.samples import SAMPLE_FOR_TOPIC, SAMPLES
 from cgloop.testing import ROOT, StoreServer, cgloop_cmd, free_port, wait_for_store
 from google.protobuf.message import Message
-
-SAMPLE_FOR_TOPIC = {
-    "cgloop.flows.v1": "flow_record_batch",
-    "cgloop.int.v1": "int_record_batch",
-    "cgloop.probes.v1": "probe_record_batch",
-    "cgloop.nodes.v1": "node_sample_batch",
-    "cgloop.detections.v1": "detection_batch",
-    "cgloop.actions.v1": "action_batch",
-    "cgloop.deadletter.v1": "dead_letter",
-}
 
 
 def sample(topic: str, source_id: str, first_sequence: int = 1) -> Message:

@@ -364,3 +364,13 @@ def test_shipped_power_and_chain_policies_reach_the_agent(agent: AgentServer) ->
         ("packet_filter", 2, 0),
         ("network_coding", 3, 2),
     ]
+
+
+def test_connect_opens_reachable_agents_and_names_the_others(agent: AgentServer) -> None:
+    actuator = NodeAgentActuator({"node-a": agent.address, "node-b": "unix:/nonexistent/agent"})
+    try:
+        problems = actuator.connect(timeout_s=0.5)
+        assert list(problems) == ["node-b"]
+        assert "unix:/nonexistent/agent" in problems["node-b"]
+    finally:
+        actuator.close()

@@ -155,3 +155,4 @@ def test_async_applies_leave_the_decision_thread_and_events_wait_for_the_journal
     # A redelivered batch after all that decides nothing new.
     assert engine.handle(dpb.DetectionBatch(records=dets)) == []
     journal.close()
+

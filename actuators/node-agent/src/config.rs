@@ -116,6 +116,10 @@ pub struct Config {
     /// Kafka bootstrap servers for probe records; empty keeps them local (GetState only).
     pub kafka_bootstrap: String,
     pub probe_topic: String,
+    /// The longest a probe record waits in the agent before it is sent to Kafka (ms). The loop
+    /// reads latency from these records, so this delay is part of its reaction time; records
+    /// that arrive together still share one message.
+    pub probe_export_delay_ms: u64,
 }
 
 impl Default for Config {
@@ -132,6 +136,7 @@ impl Default for Config {
             power: PowerSettings::default(),
             kafka_bootstrap: String::new(),
             probe_topic: "cgloop.probes.v1".into(),
+            probe_export_delay_ms: 10,
         }
     }
 }
@@ -160,6 +165,11 @@ impl Config {
             crate::datapath::MAX_CHAIN_FNS
         );
         anyhow::ensure!(!self.node_id.is_empty(), "node_id must not be empty");
+        anyhow::ensure!(
+            (1..=10_000).contains(&self.probe_export_delay_ms),
+            "probe_export_delay_ms must be within 1..10000 (got {})",
+            self.probe_export_delay_ms
+        );
         anyhow::ensure!(
             self.journal_commit_delay_us <= 1_000_000,
             "journal_commit_delay_us {} is above 1000000 (1 s): a crash would lose too much",
@@ -191,5 +201,14 @@ mod tests {
         c.bounds.min_rate_bps = 10;
         c.bounds.max_rate_bps = 5;
         assert!(c.check().unwrap_err().to_string().contains("min_rate_bps"));
+    }
+
+    #[test]
+    fn probe_export_delay_is_bounded_and_named() {
+        let c: Config = toml::from_str("probe_export_delay_ms = 0\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("probe_export_delay_ms"));
+        let c: Config = toml::from_str("probe_export_delay_ms = 25\n").unwrap();
+        assert_eq!(c.probe_export_delay_ms, 25);
+        c.check().unwrap();
     }
 }

@@ -14,32 +14,43 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 const TYPE_HEADER: &str = "cgloop-type";
 const SCHEMA_HEADER: &str = "cgloop-schema-version";
-const FLUSH_EVERY: Duration = Duration::from_millis(200);
 const MAX_BATCH: usize = 500;
 
-/// Starts the exporter thread; the returned sender is the probes' record sink.
-pub fn start(bootstrap: &str, topic: &str, client_id: &str) -> Result<mpsc::Sender<ProbeRecord>> {
+/// Starts the exporter thread; the returned sender is the probes' record sink. A record waits
+/// at most `max_delay` before it is handed to the producer.
+pub fn start(
+    bootstrap: &str,
+    topic: &str,
+    client_id: &str,
+    max_delay: Duration,
+) -> Result<mpsc::Sender<ProbeRecord>> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("client.id", client_id)
-        .set("linger.ms", "5")
+        // the batching is ours (max_delay); the producer sends what it is given at once
+        .set("linger.ms", "0")
         .create()
         .with_context(|| format!("creating the Kafka producer for {bootstrap}"))?;
     let (tx, rx) = mpsc::channel::<ProbeRecord>();
     let topic = topic.to_string();
     std::thread::Builder::new()
         .name("probe-export".into())
-        .spawn(move || run(producer, rx, &topic))
+        .spawn(move || run(producer, rx, &topic, max_delay))
         .context("starting the probe exporter thread")?;
     Ok(tx)
 }
 
-fn run(producer: BaseProducer, rx: mpsc::Receiver<ProbeRecord>, topic: &str) {
+fn run(producer: BaseProducer, rx: mpsc::Receiver<ProbeRecord>, topic: &str, max_delay: Duration) {
     let mut pending: Vec<ProbeRecord> = Vec::new();
-    let mut last = Instant::now();
+    // when the oldest pending record must be sent
+    let mut due: Option<Instant> = None;
     loop {
-        match rx.recv_timeout(FLUSH_EVERY) {
-            Ok(r) => pending.push(r),
+        let wait = due.map_or(max_delay, |d| d.saturating_duration_since(Instant::now()));
+        match rx.recv_timeout(wait) {
+            Ok(r) => {
+                due.get_or_insert_with(|| Instant::now() + max_delay);
+                pending.push(r);
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 send(&producer, topic, &mut pending);
@@ -47,9 +58,9 @@ fn run(producer: BaseProducer, rx: mpsc::Receiver<ProbeRecord>, topic: &str) {
                 return;
             }
         }
-        if pending.len() >= MAX_BATCH || (!pending.is_empty() && last.elapsed() >= FLUSH_EVERY) {
+        if pending.len() >= MAX_BATCH || due.is_some_and(|d| Instant::now() >= d) {
             send(&producer, topic, &mut pending);
-            last = Instant::now();
+            due = None;
         }
         producer.poll(Duration::ZERO);
     }

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cgloop_node_agent::agent::Agent;
@@ -105,7 +106,12 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
     let sink = if config.kafka_bootstrap.is_empty() {
         None
     } else {
-        Some(export::start(&config.kafka_bootstrap, &config.probe_topic, &config.node_id)?)
+        Some(export::start(
+            &config.kafka_bootstrap,
+            &config.probe_topic,
+            &config.node_id,
+            Duration::from_millis(config.probe_export_delay_ms),
+        )?)
     };
     let probes = Probes::new(config.node_id.clone(), sink);
     let (agent, warnings) = Agent::start(config, power, probes)?;

@@ -20,7 +20,7 @@ from typing import Annotated, Literal, TypeVar
 
 from cgloop.lab.bpf import CLSACT_EGRESS, load_sched_cls, loss_program
 from cgloop.lab.lab import Lab
-from cgloop.lab.sessions import BulkSpec, Ect1Spec, MediaSession, Session, make_session
+from cgloop.lab.sessions import BulkSession, BulkSpec, Ect1Spec, MediaSession, Session, make_session
 from pydantic import BaseModel, ConfigDict, Field
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -85,6 +85,12 @@ class ActiveFault:
         if isinstance(self.spec, Ect1Abuse):
             self._start_ect1(self.spec, start_at_ns)
             self.onset_ns = start_at_ns
+        elif isinstance(self.spec, Congestion):
+            # the iperf3 server listens in advance; onset is when the flood's client starts
+            bulk = make_session(self.lab, self.ident, self.out_dir, _as(BulkSpec, self.spec))
+            assert isinstance(bulk, BulkSession)
+            bulk.listen()
+            self.session = bulk
 
     def _start_ect1(self, spec: Ect1Abuse, start_at_ns: int | None) -> None:
         self.session = make_session(self.lab, self.ident, self.out_dir, _as(Ect1Spec, spec))
@@ -95,7 +101,8 @@ class ActiveFault:
         if self.onset_ns is not None:
             return  # prepared: its generator starts itself on time
         if isinstance(spec, Congestion):
-            self.session = make_session(lab, self.ident, self.out_dir, _as(BulkSpec, spec))
+            if self.session is None:
+                self.session = make_session(lab, self.ident, self.out_dir, _as(BulkSpec, spec))
             self.session.start(spec.duration)
         elif isinstance(spec, Ect1Abuse):
             self._start_ect1(spec, None)

@@ -191,18 +191,30 @@ class BulkSession(Session):
     def __init__(self, lab: Lab, ident: str, out_dir: Path, spec: BulkSpec) -> None:
         super().__init__(lab, ident, out_dir)
         self.spec = spec
+        self._listening = False
 
-    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+    def listen(self) -> None:
+        """Start the one-shot server ahead of the flood (a fault prepares it), so the flood
+        begins as soon as the client starts."""
+        if self._listening:
+            return
         if shutil.which("iperf3") is None:
             raise RuntimeError(
                 "iperf3 is not installed (listed in scripts/bootstrap.d/lab.apt): "
                 "run scripts/bootstrap.sh"
             )
-        self.started_ns = time.time_ns()  # iperf3 starts in milliseconds: no scheduling
+        dst = str(self.lab.topo.address(self.spec.dst))
+        self._spawn(
+            self.spec.dst, ["iperf3", "-s", "-1", "-B", dst, "-p", str(self.spec.port)], "server"
+        )
+        _wait_listening(self.lab.ns(self.spec.dst), self.spec.port, timeout=5)
+        self._listening = True
+
+    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+        self.listen()
+        self.started_ns = time.time_ns()  # the client connects in milliseconds: no scheduling
         dst = str(self.lab.topo.address(self.spec.dst))
         port = str(self.spec.port)
-        self._spawn(self.spec.dst, ["iperf3", "-s", "-1", "-B", dst, "-p", port], "server")
-        _wait_listening(self.lab.ns(self.spec.dst), self.spec.port, timeout=5)
         self._spawn(
             self.spec.src,
             [

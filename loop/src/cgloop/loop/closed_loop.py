@@ -58,7 +58,7 @@ class LoopOptions:
 
     enabled: bool = True
     latency_slo_ms: float = 20.0
-    slo_min_duration_s: float = 0.2
+    slo_min_duration_s: float = 0.05
     window_s: float = 0.0
     probe_interval_ms: int = 100
     # the classifier (`cgloop train`; make setup trains it); default: the project's state dir

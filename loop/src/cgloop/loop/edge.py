@@ -93,8 +93,8 @@ class EdgePlan:
                         target_addr=socket.inet_aton(str(t.address)),
                         target_port=7799,
                         dscp=dscp,
-                        interval_ns=20_000_000,
-                        interval_jitter_ns=10_000_000,
+                        interval_ns=10_000_000,
+                        interval_jitter_ns=5_000_000,
                         packet_bytes=96,
                         timeout_ns=1_000_000_000,
                     )

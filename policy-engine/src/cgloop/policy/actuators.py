@@ -184,7 +184,7 @@ class NodeAgentActuator:
         self.server_name = server_name
         self._credentials = agent_credentials(tls_dir) if tls_dir else None
         self._stubs: dict[str, NodeAgentServiceStub] = {}
-        self._channels: list[grpc.Channel] = []
+        self._channels: dict[str, grpc.Channel] = {}
 
     def _stub(self, node_id: str) -> NodeAgentServiceStub:
         if node_id not in self._stubs:
@@ -204,12 +204,28 @@ class NodeAgentActuator:
                     self._credentials,
                     options=[("grpc.ssl_target_name_override", self.server_name)],
                 )
-            self._channels.append(channel)
+            self._channels[node_id] = channel
             self._stubs[node_id] = NodeAgentServiceStub(channel)
         return self._stubs[node_id]
 
+    def connect(self, timeout_s: float = 5.0) -> dict[str, str]:
+        """Open every node's channel now (connection and TLS handshake), so the first action
+        does not pay for them; the problems of the nodes that could not be reached."""
+        for node_id in self.agents:
+            self._stub(node_id)
+        ready = {n: grpc.channel_ready_future(ch) for n, ch in self._channels.items()}
+        deadline = time.monotonic() + timeout_s  # all nodes in parallel, one deadline
+        problems: dict[str, str] = {}
+        for node_id, future in ready.items():
+            try:
+                future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except grpc.FutureTimeoutError:
+                future.cancel()
+                problems[node_id] = f"not reachable at {self.agents[node_id]} in {timeout_s:g} s"
+        return problems
+
     def close(self) -> None:
-        for ch in self._channels:
+        for ch in self._channels.values():
             ch.close()
         self._channels.clear()
         self._stubs.clear()

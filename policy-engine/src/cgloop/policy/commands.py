@@ -113,6 +113,9 @@ def run(
     except ActuatorError as exc:
         err.print(f"[red]error[/red] {exc}")
         raise typer.Exit(2) from None
+    for node, problem in node_agents.connect(timeout_s=2.0).items():
+        # not fatal: the agent may come later; its actions fail (and say so) until it does
+        err.print(f"[yellow]warning[/yellow] node agent {node}: {problem}")
     settings = Settings()
     state = _state_dir()
     store = WindowStore() if verify else None

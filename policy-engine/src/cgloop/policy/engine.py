@@ -212,14 +212,18 @@ class Engine:
             if not fut.done():
                 still.append((entry, end, fut))
                 continue
-            try:
-                applied = fut.result()
-            except ActuatorError as exc:
-                self.stats.failed += 1
-                self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
-                continue
-            self._applied(entry, applied, end)
+            self._record_apply(entry, end, fut)
         self._inflight = still
+
+    def _record_apply(self, entry: Entry, end: int, fut: Future[Applied]) -> None:
+        """Record the outcome of a finished apply: applied, or failed with the agent's reason."""
+        try:
+            applied = fut.result()
+        except ActuatorError as exc:
+            self.stats.failed += 1
+            self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+            return
+        self._applied(entry, applied, end)
 
     def finish_applies(self) -> None:
         """Wait for every asynchronous apply and record its result."""
@@ -254,13 +258,7 @@ class Engine:
             self._pool = ThreadPoolExecutor(self.apply_workers, thread_name_prefix="apply")
         futures = [self._pool.submit(self.actuator.apply, e.action) for e, _ in live]
         for (entry, end), fut in zip(live, futures, strict=True):
-            try:
-                applied = fut.result()
-            except ActuatorError as exc:
-                self.stats.failed += 1
-                self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
-                continue
-            self._applied(entry, applied, end)
+            self._record_apply(entry, end, fut)
 
     def _matches(self, p: Policy, det: dpb.Detection, subject: Subject | None) -> bool | None:
         """True: matches; False: same kind and subject type but below the bar; None: unrelated."""

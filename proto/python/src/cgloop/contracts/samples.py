@@ -375,3 +375,14 @@ SAMPLES: dict[str, Callable[[], Message]] = {
     "action_batch": sample_action_batch,
     "dead_letter": sample_dead_letter,
 }
+
+# The sample carried by each topic (cgloop.bus.topics), for tests that fill every topic.
+SAMPLE_FOR_TOPIC: dict[str, str] = {
+    "cgloop.flows.v1": "flow_record_batch",
+    "cgloop.int.v1": "int_record_batch",
+    "cgloop.probes.v1": "probe_record_batch",
+    "cgloop.nodes.v1": "node_sample_batch",
+    "cgloop.detections.v1": "detection_batch",
+    "cgloop.actions.v1": "action_batch",
+    "cgloop.deadletter.v1": "dead_letter",
+}
