@@ -8,6 +8,7 @@ from cgloop.analytics.synthetic import Degradation, gaming_records
 from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.flow_pb2 import FlowRecord
+from cgloop.v1.probe_pb2 import ProbeRecord
 
 
 def test_gaming_flow_classified_fast_then_slo_watched(small_model):
@@ -79,3 +80,46 @@ def test_odd_records_do_not_crash(small_model):
                       interval_end_ns=NS)]
     for _ in range(20):
         eng.on_flows(odd)
+
+
+def _probe(target: bytes, seq: int, sent_ns: int, rtt_ns: int, overdue: bool) -> ProbeRecord:
+    return ProbeRecord(
+        header=RecordHeader(schema_version=1, source_id="agent/probe/p", sequence=seq,
+                            timestamp_ns=sent_ns),
+        probe_id="p", target_addr=target, probe_sequence=seq, sent_ns=sent_ns,
+        received_ns=0 if overdue else sent_ns + rtt_ns, rtt_ns=rtt_ns, overdue=overdue,
+    )
+
+
+def _slo_latency_at(small_model, notices: bool) -> int | None:
+    """When (in the probes' arrival order) a 60 ms queue fires the SLO latency detection of a
+    classified gaming flow, probed every 10 ms; None if it never does."""
+    model, card = small_model
+    eng = AnalyticsEngine(model, card.version, EngineConfig(
+        latency_slo_ms=20.0, slo_min_duration_s=0.05))
+    recs = gaming_records("gfn", 3, seed=5)
+    for r in recs:
+        eng.on_flows([r])
+    target = recs[0].five_tuple.dst_addr
+    assert eng.servers.get(target), "the gaming flow is classified and its client known"
+    t0 = recs[-1].interval_end_ns
+    arrivals = []  # (arrival ns, record) as the agent sends them
+    for i in range(40):
+        sent = t0 + i * 10_000_000
+        rtt = 1_000_000 if i < 10 else 60_000_000  # the queue builds up at 100 ms
+        if notices and rtt > 20_000_000:
+            arrivals.append((sent + 20_000_000, _probe(target, 2 * i, sent, 20_000_000, True)))
+        arrivals.append((sent + rtt, _probe(target, 2 * i + 1, sent, rtt, False)))
+    arrivals.sort(key=lambda a: (a[0], a[1].header.sequence))
+    for at, rec in arrivals:
+        if any(d.kind == K.DETECTION_KIND_SLO_LATENCY for d in eng.on_probes([rec])):
+            return at - (t0 + 100_000_000)
+    return None
+
+
+def test_overdue_notices_detect_a_latency_breach_before_the_replies_do(small_model):
+    early = _slo_latency_at(small_model, notices=True)
+    late = _slo_latency_at(small_model, notices=False)
+    assert early is not None and late is not None
+    # min duration 50 ms + the 20 ms notice, against 50 ms + the 60 ms RTT of the last probe
+    assert early <= 75_000_000 < 105_000_000 <= late

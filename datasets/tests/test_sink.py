@@ -77,6 +77,29 @@ def test_every_topic_reaches_its_tables(sink_store: SinkStore, stack_settings: S
     assert int(rollup[0][0]) >= 3000 and rollup[0][1] == "1500000"
 
 
+def test_overdue_notices_are_kept_apart_from_measured_rtts(
+    sink_store: SinkStore, stack_settings: Settings
+) -> None:
+    source = f"sink-overdue-{uuid.uuid4()}"
+    batch = sample("cgloop.probes.v1", source)
+    (lost,) = batch.records
+    notice = type(lost)()
+    notice.CopyFrom(lost)
+    notice.header.sequence += 1
+    notice.lost, notice.overdue, notice.rtt_ns, notice.received_ns = False, True, 20_000_000, 0
+    batch.records.append(notice)
+    producer = BatchProducer(stack_settings.bootstrap_servers)
+    producer.send("cgloop.probes.v1", batch)
+    producer.flush()
+    rows = sink_store.wait_for(
+        "SELECT lost, overdue, rtt_ns FROM cgloop.probe_records WHERE source_id = {s:String}"
+        " ORDER BY sequence",
+        lambda r: len(r) == 2,
+        s=source,
+    )
+    assert rows == [["true", "false", "340000"], ["false", "true", "20000000"]]
+
+
 def test_poison_messages_go_to_the_dead_letter_topic_and_good_ones_still_land(
     sink_store: SinkStore, stack_settings: Settings
 ) -> None:

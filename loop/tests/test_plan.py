@@ -46,6 +46,9 @@ def test_one_probe_per_client_and_queue(plan: EdgePlan) -> None:
         ("edge-cl1-be", 0), ("edge-cl1-ef", EF_DSCP), ("edge-cl2-be", 0), ("edge-cl2-ef", EF_DSCP),
     ]
     assert all(p.interval_jitter_ns and p.timeout_ns for p in probes)
+    # a probe unanswered for the SLO is reported before its reply: latency is over the SLO
+    assert {p.overdue_after_ns for p in probes} == {int(plan.latency_slo_ms * 1e6)}
+    assert all(p.overdue_after_ns < p.timeout_ns for p in probes)
 
 
 def test_rendered_policies_validate_and_target_the_edge(plan: EdgePlan, tmp_path: Path) -> None:

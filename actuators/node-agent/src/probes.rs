@@ -92,6 +92,13 @@ impl Probes {
         if spec.timeout_ns == 0 || spec.timeout_ns > 60_000_000_000 {
             invalid!("spec.timeout_ns {} is not within 1 ns..60 s", spec.timeout_ns);
         }
+        if spec.overdue_after_ns >= spec.timeout_ns && spec.overdue_after_ns != 0 {
+            invalid!(
+                "spec.overdue_after_ns {} must be below spec.timeout_ns {} (0 turns it off)",
+                spec.overdue_after_ns,
+                spec.timeout_ns
+            );
+        }
         let overhead = if ip.is_ipv4() { IP_UDP_V4 } else { IP_UDP_V6 };
         let min = (overhead + HEADER_BYTES) as u32;
         if spec.packet_bytes != 0 && (spec.packet_bytes < min || spec.packet_bytes > bounds.max_probe_bytes) {
@@ -218,6 +225,15 @@ fn open_socket(target: SocketAddr, spec: &ProbeSpec) -> std::io::Result<UdpSocke
     Ok(socket)
 }
 
+/// What a probe record says about its packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Answered,
+    /// Still unanswered after `overdue_after_ns` (rtt_ns is a lower bound).
+    Overdue,
+    Lost,
+}
+
 struct Runner {
     spec: ProbeSpec,
     socket: UdpSocket,
@@ -239,7 +255,10 @@ impl Runner {
             self.spec.packet_bytes as usize - if self.target.is_ipv4() { IP_UDP_V4 } else { IP_UDP_V6 }
         };
         let timeout = Duration::from_nanos(self.spec.timeout_ns);
-        let mut in_flight: HashMap<u64, (Instant, u64)> = HashMap::new();
+        let overdue_after =
+            (self.spec.overdue_after_ns > 0).then(|| Duration::from_nanos(self.spec.overdue_after_ns));
+        // sequence -> (sent at, sent ns, overdue notice given)
+        let mut in_flight: HashMap<u64, (Instant, u64, bool)> = HashMap::new();
         let mut seq: u64 = 0;
         let mut record_seq: u64 = 0;
         let mut next_send = Instant::now();
@@ -254,7 +273,7 @@ impl Runner {
                 packet[8..16].copy_from_slice(&seq.to_be_bytes());
                 packet[16..24].copy_from_slice(&sent_ns.to_be_bytes());
                 if self.socket.send(&packet).is_ok() {
-                    in_flight.insert(seq, (now, sent_ns));
+                    in_flight.insert(seq, (now, sent_ns, false));
                     self.stats.lock().unwrap_or_else(|p| p.into_inner()).sent += 1;
                 }
                 seq += 1;
@@ -263,8 +282,17 @@ impl Runner {
                 let hi = self.spec.interval_ns + self.spec.interval_jitter_ns;
                 next_send = now + Duration::from_nanos(rng.random_range(lo..=hi));
             }
-            // Wait for replies until the next send (or 50 ms, to notice stop).
-            let wait = next_send
+            // Wait for replies until the next send or the next overdue notice (or 50 ms, to
+            // notice stop).
+            let mut until = next_send;
+            if let Some(after) = overdue_after {
+                for (at, _, noticed) in in_flight.values() {
+                    if !noticed {
+                        until = until.min(*at + after);
+                    }
+                }
+            }
+            let wait = until
                 .saturating_duration_since(Instant::now())
                 .clamp(Duration::from_micros(50), Duration::from_millis(50));
             let _ = self.socket.set_read_timeout(Some(wait));
@@ -276,7 +304,7 @@ impl Runner {
                     && buf[4..8] == tag.to_be_bytes()
                 {
                     let s = u64::from_be_bytes(buf[8..16].try_into().unwrap_or_default());
-                    if let Some((sent_at, sent_ns)) = in_flight.remove(&s) {
+                    if let Some((sent_at, sent_ns, _)) = in_flight.remove(&s) {
                         let rtt = at.duration_since(sent_at).as_nanos() as u64;
                         {
                             let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
@@ -286,21 +314,36 @@ impl Runner {
                                 st.rtts.pop_front();
                             }
                         }
-                        self.emit(&mut record_seq, local, s, n, sent_ns, received_ns, rtt, false);
+                        self.emit(&mut record_seq, local, s, n, sent_ns, received_ns, rtt, Fate::Answered);
                     }
                 }
             }
-            // Expire the probes whose reply is overdue.
             let now = Instant::now();
+            // Notice the probes unanswered for overdue_after: their RTT is at least that.
+            if let Some(after) = overdue_after {
+                let mut late: Vec<(u64, u64, u64)> = Vec::new();
+                for (s, (at, ns, noticed)) in in_flight.iter_mut() {
+                    let waited = now.duration_since(*at);
+                    if !*noticed && waited >= after && waited <= timeout {
+                        *noticed = true;
+                        late.push((*s, *ns, waited.as_nanos() as u64));
+                    }
+                }
+                late.sort_unstable();
+                for (s, sent_ns, waited) in late {
+                    self.emit(&mut record_seq, local, s, payload_len, sent_ns, 0, waited, Fate::Overdue);
+                }
+            }
+            // Expire the probes whose reply is overdue.
             let expired: Vec<(u64, u64)> = in_flight
                 .iter()
-                .filter(|(_, (at, _))| now.duration_since(*at) > timeout)
-                .map(|(s, (_, ns))| (*s, *ns))
+                .filter(|(_, (at, _, _))| now.duration_since(*at) > timeout)
+                .map(|(s, (_, ns, _))| (*s, *ns))
                 .collect();
             for (s, sent_ns) in expired {
                 in_flight.remove(&s);
                 self.stats.lock().unwrap_or_else(|p| p.into_inner()).lost += 1;
-                self.emit(&mut record_seq, local, s, payload_len, sent_ns, 0, 0, true);
+                self.emit(&mut record_seq, local, s, payload_len, sent_ns, 0, 0, Fate::Lost);
             }
         }
     }
@@ -315,7 +358,7 @@ impl Runner {
         sent_ns: u64,
         received_ns: u64,
         rtt_ns: u64,
-        lost: bool,
+        fate: Fate,
     ) {
         let Some(sink) = &self.sink else { return };
         let v4 = self.target.is_ipv4();
@@ -344,7 +387,8 @@ impl Runner {
             sent_ns,
             received_ns,
             rtt_ns,
-            lost,
+            lost: fate == Fate::Lost,
+            overdue: fate == Fate::Overdue,
             ..Default::default()
         };
         let _ = sink.send(record);
@@ -384,6 +428,7 @@ mod tests {
             interval_jitter_ns: 1_000_000,
             packet_bytes: 100,
             timeout_ns: 200_000_000,
+            overdue_after_ns: 0,
         }
     }
 
@@ -409,6 +454,47 @@ mod tests {
         let mut s = spec(9);
         s.interval_jitter_ns = s.interval_ns;
         assert!(Probes::validate(&s, &b).unwrap_err().to_string().contains("jitter"));
+        let mut s = spec(9);
+        s.overdue_after_ns = s.timeout_ns;
+        assert!(Probes::validate(&s, &b).unwrap_err().to_string().contains("overdue_after_ns"));
+    }
+
+    /// A target that never answers: every probe gets its overdue notice (RTT at least
+    /// overdue_after) before it is declared lost, and each in that order.
+    #[test]
+    fn unanswered_probes_are_noticed_overdue_before_they_are_lost() {
+        // a bound UDP socket that never replies
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let mut s = spec(port);
+        s.interval_ns = 5_000_000;
+        s.interval_jitter_ns = 1_000_000;
+        s.overdue_after_ns = 10_000_000;
+        s.timeout_ns = 40_000_000;
+        let (tx, rx) = mpsc::channel();
+        let mut probes = Probes::new("test".into(), Some(tx));
+        probes.start(&s, &Bounds::default(), false).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut records = Vec::new();
+        while records.iter().filter(|r: &&ProbeRecord| r.lost).count() < 5 && Instant::now() < deadline {
+            if let Ok(r) = rx.recv_timeout(Duration::from_millis(100)) {
+                records.push(r);
+            }
+        }
+        probes.stop("p1", false);
+        drop(silent);
+        let lost: Vec<u64> = records.iter().filter(|r| r.lost).map(|r| r.probe_sequence).collect();
+        assert!(lost.len() >= 5, "only {} losses in {} records", lost.len(), records.len());
+        for seq in lost {
+            let of_seq: Vec<&ProbeRecord> = records.iter().filter(|r| r.probe_sequence == seq).collect();
+            assert_eq!(of_seq.len(), 2, "probe {seq}: one notice, then the loss");
+            let (notice, loss) = (of_seq[0], of_seq[1]);
+            assert!(notice.overdue && !notice.lost && notice.received_ns == 0);
+            // noticed no earlier than overdue_after, and well before the timeout
+            assert!((10_000_000..40_000_000).contains(&notice.rtt_ns), "{}", notice.rtt_ns);
+            assert!(loss.lost && !loss.overdue && loss.rtt_ns == 0);
+            assert_eq!(notice.sent_ns, loss.sent_ns);
+        }
     }
 
     #[test]

@@ -198,6 +198,11 @@ class AnalyticsEngine:
             out += self._sequence(p.header.source_id, p.header.sequence, p.header.timestamp_ns)
             if p.lost or not p.rtt_ns:
                 continue
+            # An overdue notice's RTT is a lower bound, known before the reply: evidence that
+            # latency is at least that much, early. Averaged 1 s windows (MOSAICO's telemetry)
+            # take only measured RTTs: a bound and its reply would count the probe twice.
+            if p.overdue and self.cfg.latency_window_s > 0:
+                continue
             for key in self.servers.get(p.target_addr, ()):
                 conv = self.convs.get(key)
                 if conv is None or not conv.records:

@@ -584,7 +584,7 @@ def nodes() -> db.Dashboard:
                 "Probe RTT",
                 "SELECT $__timeInterval(sent) AS time, probe_id,"
                 " quantileExact(0.99)(rtt_ns) / 1e3 AS p99_rtt_us"
-                " FROM cgloop.probe_records WHERE $__timeFilter(sent) AND NOT lost"
+                " FROM cgloop.probe_records WHERE $__timeFilter(sent) AND NOT lost AND NOT overdue"
                 " GROUP BY time, probe_id ORDER BY time",
                 "µs",
                 points=True,

@@ -111,6 +111,7 @@ class ClosedLoop:
             if lab is None or scenario is None:
                 raise ValueError("without a lab, the loop needs an EdgePlan (interfaces)")
             plan = EdgePlan.from_lab(lab.topo, scenario)
+        plan.latency_slo_ms = self.options.latency_slo_ms
         self.plan = plan
         self.run_id = run_dir.name
         self.services = Services(lab, run_dir / "logs")

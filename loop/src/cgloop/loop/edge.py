@@ -45,6 +45,9 @@ class EdgePlan:
     interfaces: list[str]
     link_mbit: float
     targets: list[ProbeTarget] = field(default_factory=list)
+    # The gaming latency SLO: a probe unanswered this long is reported at once (an overdue
+    # notice), so the loop knows latency is over the SLO without waiting out the delay.
+    latency_slo_ms: float = 20.0
 
     @classmethod
     def from_lab(cls, topo: Topology, scenario: Scenario) -> EdgePlan:
@@ -97,6 +100,7 @@ class EdgePlan:
                         interval_jitter_ns=5_000_000,
                         packet_bytes=96,
                         timeout_ns=1_000_000_000,
+                        overdue_after_ns=int(self.latency_slo_ms * 1e6),
                     )
                 )
         return specs

@@ -93,6 +93,8 @@ class WindowStore:
     def ingest_probes(self, batch: ProbeRecordBatch) -> None:
         with self._lock:
             for r in batch.records:
+                if r.overdue:
+                    continue  # an early notice: the reply or the loss of that probe follows
                 q = self._probes[(addr_text(r.target_addr), r.dscp)]
                 q.append((r.sent_ns, -1 if r.lost else r.rtt_ns))
                 self._trim(q, r.sent_ns)
