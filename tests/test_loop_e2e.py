@@ -132,4 +132,7 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     assert congestion.affected, congestion.model_dump_json(indent=1)
     assert congestion.detection_kind in ("slo_latency", "slo_jitter"), congestion.detection_kind
     assert congestion.recovered_ns is not None, congestion.model_dump_json(indent=1)
-    assert abuse.detection_kind in ("l4s_unresponsive_ecn", "l4s_microburst"), abuse.detection_kind
+    # the L4S detector saw the abuser (other detections, e.g. the gaming flow's throughput
+    # dipping, may come first)
+    kinds = [kind for _, kind, _ in abuse.detections]
+    assert {"l4s_unresponsive_ecn", "l4s_microburst"} & set(kinds), kinds

@@ -96,7 +96,7 @@ def _slo_latency_at(small_model, notices: bool) -> int | None:
     classified gaming flow, probed every 10 ms; None if it never does."""
     model, card = small_model
     eng = AnalyticsEngine(model, card.version, EngineConfig(
-        latency_slo_ms=20.0, slo_min_duration_s=0.05))
+        latency_slo_ms=20.0, slo_min_duration_s=1.0, latency_min_duration_s=0.05))
     recs = gaming_records("gfn", 3, seed=5)
     for r in recs:
         eng.on_flows([r])

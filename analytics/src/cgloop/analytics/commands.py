@@ -118,6 +118,10 @@ def register(app: typer.Typer) -> None:
         slo_min_duration_s: Annotated[
             float, typer.Option(help="how long a value stays past its SLO before it fires")
         ] = 1.0,
+        latency_min_duration_s: Annotated[
+            float | None,
+            typer.Option(help="the same for latency alone (default: --slo-min-duration-s)"),
+        ] = None,
         latency_window_s: Annotated[
             float, typer.Option(help="average latency over windows of this length (0: off)")
         ] = 0.0,
@@ -139,7 +143,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]no model at {path}: classification off (run `cgloop train`)")
         engine = AnalyticsEngine(clf, version, EngineConfig(
             anomaly=anomaly, latency_slo_ms=latency_slo_ms,
-            slo_min_duration_s=slo_min_duration_s, latency_window_s=latency_window_s,
+            slo_min_duration_s=slo_min_duration_s, latency_min_duration_s=latency_min_duration_s,
+            latency_window_s=latency_window_s,
         ))
         st = settings()
         worker = Worker(engine, st.bootstrap_servers,

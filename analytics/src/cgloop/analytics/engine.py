@@ -58,6 +58,10 @@ class EngineConfig:
     latency_slo_ms: float | None = None
     # How long a value must stay past its SLO before an episode fires.
     slo_min_duration_s: float = 1.0
+    # The same for latency alone (None: slo_min_duration_s). Probes sample latency every few
+    # ms, flow records the other metrics every 100 ms: a span that holds several probes may
+    # hold a single flow record, one noisy interval.
+    latency_min_duration_s: float | None = None
     # > 0: latency samples are averaged over windows of this length before the detectors see
     # them (how telemetry-window loops such as MOSAICO's work; the loop benchmark's baseline).
     latency_window_s: float = 0.0
@@ -74,8 +78,11 @@ class AnalyticsEngine:
             profiles = {
                 k: replace(v, latency_ms=self.cfg.latency_slo_ms) for k, v in PLATFORM_SLOS.items()
             }
+        latency_min = self.cfg.latency_min_duration_s
         self.slo = SloDetector(
-            profiles, SeriesParams(min_duration_ns=int(self.cfg.slo_min_duration_s * NS))
+            profiles, SeriesParams(min_duration_ns=int(self.cfg.slo_min_duration_s * NS)),
+            latency_params=None if latency_min is None
+            else SeriesParams(min_duration_ns=int(latency_min * NS)),
         )
         self.l4s = L4sAbuseDetector()
         self.overload = QueueOverloadDetector()

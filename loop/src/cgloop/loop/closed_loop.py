@@ -58,7 +58,10 @@ class LoopOptions:
 
     enabled: bool = True
     latency_slo_ms: float = 20.0
-    slo_min_duration_s: float = 0.05
+    # how long a breach lasts before it fires: flow-record metrics (throughput, loss, jitter;
+    # a record per 100 ms) and latency (probes every 10 ± 5 ms and their overdue notices)
+    slo_min_duration_s: float = 0.2
+    latency_min_duration_s: float = 0.05
     window_s: float = 0.0
     probe_interval_ms: int = 100
     # the classifier (`cgloop train`; make setup trains it); default: the project's state dir
@@ -202,6 +205,7 @@ class ClosedLoop:
             "--state", str(self.loop_dir / "analytics-state.json"),
             "--latency-slo-ms", str(o.latency_slo_ms),
             "--slo-min-duration-s", str(o.slo_min_duration_s),
+            "--latency-min-duration-s", str(o.latency_min_duration_s),
         ]
         if o.window_s > 0:
             analytics_argv += ["--latency-window-s", str(o.window_s)]

@@ -142,9 +142,12 @@ class SloDetector:
         params: SeriesParams | None = None,
         max_flows: int = 10_000,
         idle_ns: int = 30 * NS,
+        latency_params: SeriesParams | None = None,
     ) -> None:
         self.profiles = profiles or PLATFORM_SLOS
         self.params = params or SeriesParams()
+        # latency comes from probes and INT, far more often than flow records: its own timing
+        self.latency_params = latency_params or self.params
         self.max_flows = max_flows
         self.idle_ns = idle_ns
         self.flows: dict[TupleKey, _Flow] = {}
@@ -166,7 +169,11 @@ class SloDetector:
         self.flows[key] = _Flow(
             platform, FiveTuple(**{f.name: getattr(five_tuple, f.name)
                                    for f in FiveTuple.DESCRIPTOR.fields}), down,
-            {m: _Series(thr[m], _METRICS[m][3], self.params) for m in _METRICS},
+            {
+                m: _Series(thr[m], _METRICS[m][3],
+                           self.latency_params if m == "latency" else self.params)
+                for m in _METRICS
+            },
             last_seen=t_ns,
         )
 
@@ -181,14 +188,15 @@ class SloDetector:
         s = fl.series[metric]
         ratio = (hit["peak"] / s.threshold) if s.upward else (s.threshold / max(hit["peak"], 1e-9))
         severity = Severity.SEVERITY_MAJOR if ratio >= 2 else Severity.SEVERITY_MINOR
-        conf = min(1.0, 0.5 + hit["cusum"] / (4 * self.params.cusum_h))
+        params = s.p
+        conf = min(1.0, 0.5 + hit["cusum"] / (4 * params.cusum_h))
         return make_detection(
             kind, severity, conf,
             [
                 ev(name, hit["value"], s.threshold, hit["baseline"], unit),
                 ev(f"peak_{name}", hit["peak"], s.threshold, hit["baseline"], unit),
-                ev("cusum", hit["cusum"], self.params.cusum_h, 0.0, "sigma"),
-                ev("duration_s", (t - hit["start"]) / NS, self.params.min_duration_ns / NS, 0.0,
+                ev("cusum", hit["cusum"], params.cusum_h, 0.0, "sigma"),
+                ev("duration_s", (t - hit["start"]) / NS, params.min_duration_ns / NS, 0.0,
                    "s"),
             ],
             self.name, (hit["start"], window[1]), fl.five_tuple, hit["start"],
