@@ -41,7 +41,7 @@ def _answered_probes(lost: ProbeRecord) -> list[ProbeRecord]:
     for i in range(1, 6):
         probe = ProbeRecord()
         probe.CopyFrom(lost)
-        probe.lost = False
+        probe.lost = probe.overdue = False
         probe.sent_ns += i * 1_000_000_000
         probe.received_ns = probe.sent_ns + 300_000 + i * 20_000
         probe.rtt_ns = probe.received_ns - probe.sent_ns

@@ -215,6 +215,7 @@ pub fn sample_probe_record_batch() -> ProbeRecordBatch {
         received_ns: T0_NS + 2_350_000,
         rtt_ns: 340_000,
         lost: true,
+        overdue: true,
         reply_ttl: 61,
         forward_delay_ns: 180_000,
         reverse_delay_ns: 160_000,

@@ -186,6 +186,7 @@ def sample_probe_record_batch() -> probe_pb2.ProbeRecordBatch:
         received_ns=T0_NS + 2_350_000,
         rtt_ns=340_000,
         lost=True,
+        overdue=True,
         reply_ttl=61,
         forward_delay_ns=180_000,
         reverse_delay_ns=160_000,
