@@ -51,6 +51,10 @@ class EngineConfig:
     window_s: float = 5.0
     check_every_s: float = 0.5
     min_observed_s: float = 0.5
+    # A conversation confidently labelled something other than cloud gaming is re-examined
+    # until it has been seen this long (its first second can look like a video stream); a
+    # cloud-gaming label is final.
+    settle_s: float = 5.0
     max_flows: int = 50_000
     idle_s: float = 30.0
     anomaly: bool = True  # detections for dashboards; labelled remediation=off
@@ -123,7 +127,11 @@ class AnalyticsEngine:
             horizon = conv.last_ns - int(self.cfg.window_s * NS)
             while conv.records and conv.records[0].interval_end_ns <= horizon:
                 conv.records.popleft()
-            if self.model is not None and not conv.label and conv.last_ns >= conv.next_check_ns:
+            if self.model is not None and conv.last_ns >= conv.next_check_ns and (
+                not conv.label
+                or (conv.label != "cloud_gaming"
+                    and conv.last_ns - conv.first_ns < self.cfg.settle_s * NS)
+            ):
                 due.append((key, conv))
         if due:
             out += self._classify(due)

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-console = Console()
+# Piped into a file or a CI log, rich would fold the report's table to 80 columns.
+console = Console() if Console().is_terminal else Console(width=160)
 err = Console(stderr=True)
 
 
@@ -49,7 +50,6 @@ def register(app: typer.Typer) -> None:
         from cgloop.loop.closed_loop import ClosedLoop, LoopOptions, default_scenario
         from cgloop.loop.report import build_report, print_report, write_html
         from cgloop.loop.services import ServiceError, exit_on_sigterm
-        from cgloop.stack.stack import Stack
 
         if os.geteuid() != 0:
             err.print("[red]error[/red] cgloop run needs root (network namespaces, XDP, tc)")
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             return
         sc = load_scenario(scenario or default_scenario())
         console.print("starting the embedded stack (Kafka, store with its sink)…")
-        Stack(settings).up(progress=lambda m: console.print(f"  {m}"))
+        _stack_up(settings)
         lab = Lab(load_topology(name=name))
         lab.up()
         run_dir = out or lab.run_dir / time.strftime("loop-%Y%m%dT%H%M%S")
@@ -102,7 +102,6 @@ def _run_on_interfaces(
     from cgloop.loop.closed_loop import ClosedLoop, LoopOptions
     from cgloop.loop.edge import EdgePlan, ProbeTarget
     from cgloop.loop.services import ServiceError
-    from cgloop.stack.stack import Stack
 
     if bottleneck is None:
         err.print("[red]error[/red] --interface needs --bottleneck IF (the egress to shape)")
@@ -116,7 +115,7 @@ def _run_on_interfaces(
         node=socket.gethostname(), bottleneck=bottleneck,
         interfaces=sorted(set(interfaces)), link_mbit=link_mbit, targets=probes,
     )
-    Stack(settings).up(progress=lambda m: console.print(f"  {m}"))
+    _stack_up(settings)
     run_dir = settings.state_dir / "loop" / "host" / time.strftime("run-%Y%m%dT%H%M%S")
     closed = ClosedLoop(None, None, settings, run_dir, LoopOptions(), plan=plan)
     try:
@@ -134,3 +133,15 @@ def _run_on_interfaces(
         console.print("stopping")
     finally:
         closed.stop()
+
+
+def _stack_up(settings) -> None:
+    """The embedded stack, or a one-line reason it cannot start (a port taken, no disk)."""
+    from cgloop.stack.preflight import PreflightError
+    from cgloop.stack.stack import Stack
+
+    try:
+        Stack(settings).up(progress=lambda m: console.print(f"  {m}"))
+    except PreflightError as exc:
+        err.print(f"[red]error[/red] the embedded stack cannot start: {exc}")
+        raise typer.Exit(2) from None
