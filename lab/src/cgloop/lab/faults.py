@@ -20,7 +20,15 @@ from typing import Annotated, Literal, TypeVar
 
 from cgloop.lab.bpf import CLSACT_EGRESS, load_sched_cls, loss_program
 from cgloop.lab.lab import Lab
-from cgloop.lab.sessions import BulkSession, BulkSpec, Ect1Spec, MediaSession, Session, make_session
+from cgloop.lab.sessions import (
+    BulkSession,
+    BulkSpec,
+    Ect1Spec,
+    MediaSession,
+    Session,
+    listening,
+    make_session,
+)
 from pydantic import BaseModel, ConfigDict, Field
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -85,8 +93,11 @@ class ActiveFault:
         if isinstance(self.spec, Ect1Abuse):
             self._start_ect1(self.spec, start_at_ns)
             self.onset_ns = start_at_ns
-        elif isinstance(self.spec, Congestion):
-            # the iperf3 server listens in advance; onset is when the flood's client starts
+        elif isinstance(self.spec, Congestion) and not listening(
+            self.lab.ns(self.spec.dst), self.spec.port
+        ):
+            # The iperf3 server listens in advance; onset is when the flood's client starts. A
+            # port an earlier flood's (one-shot) server holds is left to apply time.
             bulk = make_session(self.lab, self.ident, self.out_dir, _as(BulkSpec, self.spec))
             assert isinstance(bulk, BulkSession)
             bulk.listen()

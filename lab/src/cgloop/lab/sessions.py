@@ -310,19 +310,25 @@ def make_session(lab: Lab, ident: str, out_dir: Path, spec: TrafficSpec) -> Sess
     raise TypeError(f"unknown traffic spec {spec!r}")
 
 
-def _wait_listening(netns: str, port: int, timeout: float) -> None:
-    """Until a TCP socket listens on `port` in `netns` (its /proc/net/tcp, read via a pid there)."""
-    deadline = time.monotonic() + timeout
+def listening(netns: str, port: int) -> bool:
+    """Whether a TCP socket listens on `port` in `netns` (its /proc/net/tcp, read via a pid
+    there)."""
     hexport = f":{port:04X}"
+    for pid in procs.pids_in_netns(netns):
+        try:
+            lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        # state 0A = LISTEN
+        return any(ln.split()[1].endswith(hexport) and ln.split()[3] == "0A" for ln in lines)
+    return False
+
+
+def _wait_listening(netns: str, port: int, timeout: float) -> None:
+    """Until a TCP socket listens on `port` in `netns`."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid in procs.pids_in_netns(netns):
-            try:
-                lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
-            except OSError:
-                continue
-            # state 0A = LISTEN
-            if any(ln.split()[1].endswith(hexport) and ln.split()[3] == "0A" for ln in lines):
-                return
-            break
+        if listening(netns, port):
+            return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on port {port} in {netns} after {timeout} s")
