@@ -240,13 +240,22 @@ def bench_decide(seconds: float = 5.0) -> None:
     address = agent.stdout.readline().strip()
     with tempfile.TemporaryDirectory() as tmp:
         node = NodeAgentActuator({"node-a": address})
-        full = Engine(
-            policies(),
-            Router(node),
-            journal=Journal(Path(tmp) / "journal.jsonl", fsync=True),
-            budget=Budget(limit=1_000_000, window_s=1),
-            source_id="bench",
-        )
+
+        def engine(name: str, fsync: bool, **kw) -> Engine:
+            """An engine on the agent with its own journal; fresh detection ids, so earlier
+            runs' decisions do not make the detections duplicates."""
+            for d in dets:
+                d.id = str(uuid.uuid4())
+            return Engine(
+                policies(),
+                Router(node),
+                journal=Journal(Path(tmp) / f"{name}.jsonl", fsync=fsync),
+                budget=Budget(limit=1_000_000, window_s=1),
+                source_id=name,
+                **kw,
+            )
+
+        full = engine("bench", fsync=True)
         lat = paced_engine_run(full, dets)[warm:]
         s = full.stats
         print(f"engine (guards, fsync journal, gRPC apply): {dist(lat)}")
@@ -257,28 +266,11 @@ def bench_decide(seconds: float = 5.0) -> None:
             f"{s.unmatched} matched no policy"
         )
         # Same engine, journal written but not fsynced: how much of the cost is durability.
-        for d in dets:
-            d.id = str(uuid.uuid4())
-        nosync = Engine(
-            policies(),
-            Router(node),
-            journal=Journal(Path(tmp) / "journal2.jsonl", fsync=False),
-            budget=Budget(limit=1_000_000, window_s=1),
-            source_id="bench2",
-        )
+        nosync = engine("bench2", fsync=False)
         lat_nosync = paced_engine_run(nosync, dets)[warm:]
         print(f"engine, journal without fsync:              {dist(lat_nosync)}")
         # New mode: group-committed fsync journal on its writer thread, applies in the pool.
-        for d in dets:
-            d.id = str(uuid.uuid4())
-        gc = Engine(
-            policies(),
-            Router(node),
-            journal=Journal(Path(tmp) / "journal3.jsonl", fsync=True),
-            budget=Budget(limit=1_000_000, window_s=1),
-            source_id="bench3",
-            apply_async=True,
-        )
+        gc = engine("bench3", fsync=True, apply_async=True)
         lat_gc = paced_engine_run(gc, dets, wait=False)[warm:]
         print(f"engine, group commit + async applies:       {dist(lat_gc)}")
         print(

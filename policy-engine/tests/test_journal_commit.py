@@ -134,7 +134,7 @@ def test_async_applies_leave_the_decision_thread_and_events_wait_for_the_journal
     out = engine.handle(dpb.DetectionBatch(records=dets), wait=False)
     # Decided (20 targets, 20 actions), announced only once durable: the 0.3 s window is open.
     # Applies that already finished on a slow machine add their results behind the proposals.
-    assert out == [] and engine.undrained >= 20
+    assert out == [] and 20 <= engine.undrained <= 40
     assert journal.wait_durable(journal.seq, timeout=10)
     engine.finish_applies()
     events = engine.drain(wait=False) + engine.drain(wait=True)

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -153,6 +152,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"stopped: {stats.messages} messages, {stats.records} records, "
                       f"{stats.detections} detections, {stats.skipped_replays} replays skipped")
         if stats.end_to_end_s:
+            import numpy as np
+
             # how long a record waited between its producer and this worker: the loop's budget
             q = np.percentile(np.asarray(stats.end_to_end_s) * 1000, [50, 99])
             console.print(f"produced -> handled: p50 {q[0]:.1f} ms, p99 {q[1]:.1f} ms")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,7 @@ import typer
 from rich.console import Console
 
 # Piped into a file or a CI log, rich would fold the report's table to 80 columns.
-console = Console() if Console().is_terminal else Console(width=160)
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 
