@@ -81,6 +81,7 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
             telemetry=store,
             journal=Journal(tmp_path / "journal.jsonl"),
             source_id=f"policy-engine-{run}",
+            apply_async=True,  # as `cgloop policy run` does
         )
         worker = threading.Thread(
             target=service.run, args=(engine, bootstrap, stop, f"policy-{run}"), daemon=True
@@ -159,3 +160,73 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
     )
     assert original.reason_detection_ids == [det.id]
     assert engine.stats.detections == 1  # the poison message was dead-lettered, not decided on
+
+
+def _committed(bootstrap: str, group: str, partition: int) -> int:
+    """The group's committed offset on a detections partition (read-only, no group join)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = ConsumerGroupTopicPartitions(
+        group, [TopicPartition("cgloop.detections.v1", partition)]
+    )
+    (future,) = admin.list_consumer_group_offsets([request]).values()
+    (tp,) = future.result(10).topic_partitions
+    return tp.offset
+
+
+def test_service_commits_an_offset_only_once_its_decisions_are_durable(
+    stack_settings, tmp_path: Path
+) -> None:
+    """The pipelined service applies at once but holds the offset and the audit events until
+    the journal's group commit has made the decision durable (here held back for 2 s)."""
+    from confluent_kafka import Producer
+
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    group = f"policy-{run}"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    stop = threading.Event()
+    with AgentServer(MemoryNodeAgent("node-a")) as agent:
+        engine = Engine(
+            [_policy(run)],
+            Router(NodeAgentActuator({"node-a": agent.address})),
+            journal=Journal(tmp_path / "journal.jsonl", commit_delay_s=2.0),
+            source_id=f"policy-engine-{run}",
+            apply_async=True,
+        )
+        worker = threading.Thread(
+            target=service.run, args=(engine, bootstrap, stop, group), daemon=True
+        )
+        worker.start()
+        try:
+            delivered: list[tuple[int, int]] = []
+            producer = Producer({"bootstrap.servers": bootstrap})
+            det = detection(time.time_ns(), client="10.77.0.10", labels=labels)
+            producer.produce(
+                "cgloop.detections.v1",
+                dpb.DetectionBatch(records=[det]).SerializeToString(),
+                key=run,
+                on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())),
+            )
+            producer.flush(10)
+            ((partition, offset),) = delivered
+            _wait(lambda: agent.agent.changes == 1, 60, "the SetFlowClass call", engine)
+            # Applied, but the journal has not synced the decision: nothing committed yet.
+            assert engine.journal.durable_seq < engine.journal.seq
+            time.sleep(0.5)
+            assert _committed(bootstrap, group, partition) <= offset
+            assert engine.journal.durable_seq < engine.journal.seq
+            _wait(
+                lambda: _committed(bootstrap, group, partition) == offset + 1,
+                30,
+                "the offset commit after the group commit",
+                engine,
+            )
+            assert engine.journal.durable_seq == engine.journal.seq
+            assert engine.stats.applied == 1
+        finally:
+            stop.set()
+            worker.join(30)
+        assert not worker.is_alive()

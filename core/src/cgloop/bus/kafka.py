@@ -200,8 +200,8 @@ class BatchConsumer:
             return t, batch, msg
         return None
 
-    def commit(self, msg: KafkaMessage) -> None:
-        self._consumer.commit(message=msg, asynchronous=False)
+    def commit(self, msg: KafkaMessage, asynchronous: bool = False) -> None:
+        self._consumer.commit(message=msg, asynchronous=asynchronous)
 
     def run(
         self, handler: Callable[[Topic, Message], None], should_stop: Callable[[], bool]

@@ -127,6 +127,7 @@ def run(
         journal=Journal(journal or state / "journal.jsonl"),
         budget=Budget(budget, budget_window),
         source_id=source_id,
+        apply_async=True,  # the service loop keeps deciding while agents answer
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

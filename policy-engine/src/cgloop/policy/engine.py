@@ -191,6 +191,11 @@ class Engine:
         """Events decided but not yet announced (their journal rows are not durable yet)."""
         return len(self._outbox)
 
+    @property
+    def busy(self) -> bool:
+        """Events wait for the journal or applies are in flight: poll again soon."""
+        return bool(self._outbox or self._inflight)
+
     # --- decision -------------------------------------------------------------------------
 
     def handle(self, batch: dpb.DetectionBatch, wait: bool = True) -> list[apb.ActionEvent]:

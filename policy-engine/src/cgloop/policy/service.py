@@ -1,14 +1,16 @@
 """Running the engine on Kafka: detections in, action batches out, offsets after the journal.
 
-Order per detection batch: decide and act (journaled), publish the resulting events, flush,
-then commit the batch's offset. A crash anywhere before the commit redelivers the batch; the
-journal makes the redelivery a no-op for actions already decided.
+Order per detection batch: decide and act (journaled), publish the resulting events once their
+journal rows are durable, flush, then commit the batch's offset. A crash anywhere before the
+commit redelivers the batch; the journal makes the redelivery a no-op for actions already
+decided.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from pathlib import Path
 
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
@@ -52,30 +54,60 @@ def run(
     poll_s: float = 0.05,
     max_messages: int = 64,
 ) -> None:
+    """Consume detections until `stop`, pipelined: decisions never wait for the disk.
+
+    Each round takes what is waiting, decides (`handle(wait=False)`: the journal's writer
+    thread group-commits the rows, applies run in the engine's pool when it has
+    `apply_async`), publishes the events whose rows are already durable, and commits the
+    offsets of every earlier round whose rows are durable and whose events are published.
+    So an offset is never committed before the decisions it caused are on disk and on the
+    bus, and a crash redelivers only batches the journal may not know (it skips the ones it
+    does); a decision taken but not yet applied is re-applied by the journal's resume.
+    """
     consumer = BatchConsumer(bootstrap, group_id, [DETECTIONS], source_id=engine.source_id)
     producer = BatchProducer(bootstrap, client_id=engine.source_id)
+    # Rounds decided but not committed yet: (journal sequence after the round, last message
+    # per partition), oldest first.
+    uncommitted: deque[tuple[int, dict[int, object]]] = deque()
+
+    def commit(upto_seq: int, asynchronous: bool = True) -> None:
+        last: dict[int, object] = {}
+        while uncommitted and uncommitted[0][0] <= upto_seq:
+            last.update(uncommitted.popleft()[1])
+        for msg in last.values():
+            # Asynchronous: a later commit of the same partition supersedes it; a crash before
+            # it lands redelivers batches the journal already knows.
+            consumer.commit(msg, asynchronous=asynchronous)  # type: ignore[arg-type]
+
     try:
         publish(producer, engine.drain())  # whatever resuming from the journal produced
         while not stop.is_set():
-            # Take what is waiting (up to max_messages) so one flush and one commit per
-            # partition cover many batches: the synchronous commit is the bus's slowest step.
+            # Take what is waiting (up to max_messages): one decision round, one flush.
             last: dict[int, object] = {}
             combined = dpb.DetectionBatch()
             taken = 0
-            item = consumer.poll(poll_s)
+            item = consumer.poll(0.001 if engine.busy else poll_s)
             while item is not None:
                 _, batch, msg = item
                 combined.records.extend(batch.records)  # type: ignore[attr-defined]
                 last[msg.partition()] = msg
                 taken += 1
                 item = consumer.poll(0.001) if taken < max_messages else None
-            events = engine.handle(combined) if taken else []
+            durable = engine.journal.durable_seq
+            # handle() returns the events whose rows are durable already (read just before).
+            events = engine.handle(combined, wait=False) if taken else []
+            if taken:
+                uncommitted.append((engine.journal.seq, last))
             engine.tick()
             if approvals is not None and approvals.is_dir():
                 process_approvals(engine, approvals)
-            publish(producer, events + engine.drain())
-            for msg in last.values():
-                consumer.commit(msg)  # type: ignore[arg-type]
+            # Every row up to `durable` was durable before handle() and this drain, so once
+            # they are published and flushed every event up to it is on the bus.
+            publish(producer, events + engine.drain(wait=False))
+            commit(durable)
+        engine.finish_applies()
+        publish(producer, engine.drain())
+        commit(engine.journal.durable_seq, asynchronous=False)
     finally:
         consumer.close()
         producer.flush()
