@@ -966,7 +966,7 @@ impl Inner {
             }
         }
         for p in &d.power_policies {
-            match self.power.apply(p, false) {
+            match self.power.restore(p) {
                 Ok(_) => self.desired.power = self.power.policies(),
                 Err(e) => warnings.push(format!("restoring power policy of cores {:?}: {e}", p.cores)),
             }

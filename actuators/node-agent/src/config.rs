@@ -62,6 +62,12 @@ pub struct PowerSettings {
     pub managed_cores: Vec<u32>,
     pub hard_min_khz: u32,
     pub hard_max_khz: u32,
+    /// Directory laid out like /sys/devices/system/cpu (cpuN/cpuidle/stateK/disable): where
+    /// `forbid_cstates` writes.
+    pub cpuidle_root: PathBuf,
+    /// Hard bound: at most this many cores kept out of C-states at once (each one spins at
+    /// full power when idle). Unset: every core with cpuidle but one.
+    pub max_cstate_forbidden_cores: Option<u32>,
     /// The probe's pinned per-function counters (X-MAN input).
     pub fn_stats_pin: PathBuf,
     pub if_fn_pin: PathBuf,
@@ -85,6 +91,8 @@ impl Default for PowerSettings {
             managed_cores: Vec::new(),
             hard_min_khz: 0,
             hard_max_khz: 0,
+            cpuidle_root: PathBuf::from(crate::power::config::DEFAULT_CPUIDLE_ROOT),
+            max_cstate_forbidden_cores: None,
             fn_stats_pin: PathBuf::from(crate::power::config::DEFAULT_FN_STATS_PIN),
             if_fn_pin: PathBuf::from(crate::power::config::DEFAULT_IF_FN_PIN),
             functions: Vec::new(),

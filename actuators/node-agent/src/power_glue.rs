@@ -7,7 +7,7 @@ use cgloop_proto::v1::{CoreSample, GetPowerStateResponse, PowerPolicy, XmanMode 
 use crate::config::PowerSettings;
 use crate::error::{AgentError, AgentResult};
 use crate::power::{
-    self, CorePolicy, Cpufreq, FunctionSpec, PinnedFnStats, PowerConfig, PowerError, PowerLoop,
+    self, CorePolicy, Cpufreq, Cpuidle, FunctionSpec, PinnedFnStats, PowerConfig, PowerError, PowerLoop,
     PowerManager, TraceSource, XmanMode,
 };
 
@@ -15,6 +15,11 @@ pub struct Power {
     running: Result<PowerLoop, String>,
     /// Why X-MAN's load modes cannot run (no pinned counters), if so.
     no_counters: Option<String>,
+    /// C-states (`forbid_cstates`) through cpuidle sysfs.
+    cpuidle: Cpuidle,
+    /// Cores `forbid_cstates` may touch (the power section's `managed_cores`; empty = any).
+    managed_cores: Vec<u32>,
+    max_cstate_forbidden_cores: Option<u32>,
 }
 
 fn map_err(e: PowerError) -> AgentError {
@@ -61,6 +66,17 @@ fn to_proto(p: &CorePolicy) -> PowerPolicy {
     }
 }
 
+/// One proto policy per (cpufreq group × C-state setting): a group whose cores differ in
+/// `forbid_cstates` becomes two policies, so a rollback re-sending them restores both.
+fn split_by_cstates(p: &CorePolicy, forbidden: &dyn Fn(u32) -> bool) -> Vec<PowerPolicy> {
+    let (on, off): (Vec<u32>, Vec<u32>) = p.cores.iter().partition(|&&c| forbidden(c));
+    [(on, true), (off, false)]
+        .into_iter()
+        .filter(|(cores, _)| !cores.is_empty())
+        .map(|(cores, forbid)| PowerPolicy { cores, forbid_cstates: forbid, ..to_proto(p) })
+        .collect()
+}
+
 impl Power {
     /// Starts the X-MAN loop over the configured cpufreq tree. A node without cpufreq keeps the
     /// reason, and SetPowerPolicy answers FAILED_PRECONDITION with it.
@@ -103,7 +119,68 @@ impl Power {
                 )
             })
             .and_then(|m| m.spawn().map_err(|e| format!("starting the X-MAN thread: {e}")));
-        Self { running, no_counters }
+        Self {
+            running,
+            no_counters,
+            cpuidle: Cpuidle::new(settings.cpuidle_root.clone()),
+            managed_cores: settings.managed_cores.clone(),
+            max_cstate_forbidden_cores: settings.max_cstate_forbidden_cores,
+        }
+    }
+
+    /// Checks a `forbid_cstates` change against the bounds; returns the cores to write.
+    fn check_cstates(&self, cores: &[u32], forbid: bool) -> AgentResult<Vec<u32>> {
+        if !forbid {
+            return Ok(cores.iter().copied().filter(|&c| self.cpuidle.forbidden_by_us(c)).collect());
+        }
+        let available = self.cpuidle.cores().map_err(|e| {
+            AgentError::Precondition(format!(
+                "policy.forbid_cstates: no cpuidle under {} ({e})",
+                self.cpuidle.root().display()
+            ))
+        })?;
+        for &c in cores {
+            if !self.managed_cores.is_empty() && !self.managed_cores.contains(&c) {
+                return Err(AgentError::Forbidden(format!(
+                    "policy.forbid_cstates: core {c} is not in [power] managed_cores {:?}",
+                    self.managed_cores
+                )));
+            }
+            if !available.contains(&c) {
+                return Err(AgentError::NotFound(format!(
+                    "policy.forbid_cstates: core {c} has no {}/cpu{c}/cpuidle",
+                    self.cpuidle.root().display()
+                )));
+            }
+        }
+        let max = self
+            .max_cstate_forbidden_cores
+            .unwrap_or_else(|| (available.len() as u32).saturating_sub(1).max(1));
+        let mut after: Vec<u32> = available.iter().copied().filter(|&c| self.cpuidle.forbidden_by_us(c)).collect();
+        after.extend_from_slice(cores);
+        after.sort_unstable();
+        after.dedup();
+        if after.len() as u32 > max {
+            return Err(AgentError::OutOfBounds(format!(
+                "policy.forbid_cstates: cores {after:?} would be kept out of C-states, more than \
+                 max_cstate_forbidden_cores = {max}"
+            )));
+        }
+        Ok(cores.to_vec())
+    }
+
+    /// Re-applies a journalled policy at start. Cores the journal kept out of C-states are
+    /// adopted first: allowing them later enables their states again (the values before the
+    /// first forbid were not journalled).
+    pub fn restore(&mut self, p: &PowerPolicy) -> AgentResult<(PowerPolicy, Vec<PowerPolicy>)> {
+        if p.forbid_cstates {
+            for &c in &p.cores {
+                if self.cpuidle.forbidden(c).unwrap_or(false) {
+                    self.cpuidle.adopt(c).map_err(map_err)?;
+                }
+            }
+        }
+        self.apply(p, false)
     }
 
     fn running(&self) -> AgentResult<&PowerLoop> {
@@ -115,15 +192,25 @@ impl Power {
         if p.cores.is_empty() {
             return Err(AgentError::Invalid("policy.cores is empty".into()));
         }
-        if p.forbid_cstates {
-            return Err(AgentError::Unimplemented(
-                "policy.forbid_cstates: the agent does not manage cpuidle states yet".into(),
-            ));
-        }
-        let running = self.running()?;
+        self.running()?;
         if matches!(mode, XmanMode::Load | XmanMode::Feedback) {
             if let Some(why) = &self.no_counters {
                 return Err(AgentError::Precondition(why.clone()));
+            }
+        }
+        let writes = self.check_cstates(&p.cores, p.forbid_cstates)?;
+        let was: Vec<(u32, bool)> = p.cores.iter().map(|&c| (c, self.cpuidle.forbidden_by_us(c))).collect();
+        // C-states first: they can be undone exactly if the cpufreq change then fails.
+        let mut done = Vec::new();
+        if !dry {
+            for &c in &writes {
+                if let Err(e) = self.cpuidle.set(c, p.forbid_cstates) {
+                    for &d in &done {
+                        let _ = self.cpuidle.set(d, !p.forbid_cstates);
+                    }
+                    return Err(map_err(e));
+                }
+                done.push(c);
             }
         }
         let policy = CorePolicy {
@@ -133,17 +220,32 @@ impl Power {
             max_khz: p.max_frequency_khz,
             mode,
         };
-        let report = running.manager().apply_policy(&policy, dry).map_err(map_err)?;
+        let result = self.running()?.manager().apply_policy(&policy, dry);
+        let report = match result {
+            Ok(r) => r,
+            Err(e) => {
+                for &d in &done {
+                    let _ = self.cpuidle.set(d, !p.forbid_cstates);
+                }
+                return Err(map_err(e));
+            }
+        };
         let mut applied = report.applied.first().map(to_proto).unwrap_or_else(|| p.clone());
         applied.cores = report.applied.iter().flat_map(|a| a.cores.iter().copied()).collect();
         applied.cores.sort_unstable();
         applied.cores.dedup();
-        Ok((applied, report.previous.iter().map(to_proto).collect()))
+        applied.forbid_cstates = p.forbid_cstates;
+        let before = |c: u32| was.iter().any(|&(k, f)| k == c && f);
+        let previous = report.previous.iter().flat_map(|q| split_by_cstates(q, &before)).collect();
+        Ok((applied, previous))
     }
 
     pub fn policies(&self) -> Vec<PowerPolicy> {
         match &self.running {
-            Ok(r) => r.manager().policies().iter().map(to_proto).collect(),
+            Ok(r) => {
+                let ours = |c: u32| self.cpuidle.forbidden_by_us(c);
+                r.manager().policies().iter().flat_map(|q| split_by_cstates(q, &ours)).collect()
+            }
             Err(_) => Vec::new(),
         }
     }
@@ -155,16 +257,23 @@ impl Power {
         Ok(GetPowerStateResponse {
             cores: states
                 .iter()
-                .map(|s| CoreSample {
-                    core: s.core,
-                    frequency_khz: s.cur_khz,
-                    min_frequency_khz: s.min_khz,
-                    max_frequency_khz: s.max_khz,
-                    governor: s.governor.clone(),
-                    utilization: 0.0,
+                .map(|s| {
+                    // Read back from the kernel, not from memory; a core without cpuidle has
+                    // no idle states to report.
+                    let idle = self.cpuidle.states(s.core).unwrap_or_default();
+                    CoreSample {
+                        core: s.core,
+                        frequency_khz: s.cur_khz,
+                        min_frequency_khz: s.min_khz,
+                        max_frequency_khz: s.max_khz,
+                        governor: s.governor.clone(),
+                        utilization: 0.0,
+                        cstates_forbidden: self.cpuidle.forbidden(s.core).unwrap_or(false),
+                        enabled_idle_states: idle.iter().filter(|i| !i.disabled).map(|i| i.name.clone()).collect(),
+                    }
                 })
                 .collect(),
-            policies: manager.policies().iter().map(to_proto).collect(),
+            policies: self.policies(),
             power_watts: None,
         })
     }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 /// Where the kernel exposes cpufreq policies (`policyN/` directories).
 pub const DEFAULT_CPUFREQ_ROOT: &str = "/sys/devices/system/cpu/cpufreq";
+/// Where the kernel exposes cpuidle (`cpuN/cpuidle/stateK/`), used by `forbid_cstates`.
+pub const DEFAULT_CPUIDLE_ROOT: &str = "/sys/devices/system/cpu";
 /// The probe's pinned per-function counters (telemetry/bpf/include/cgloop_fn_stats.h).
 pub const DEFAULT_FN_STATS_PIN: &str = "/sys/fs/bpf/cgloop/fn_stats";
 /// The probe's pinned ifindex → function index map (same header).

@@ -3,20 +3,20 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PowerError {
-    #[error("cpufreq: {path}: {source}")]
+    #[error("sysfs {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cpufreq: {path}: cannot parse {value:?}: {reason}")]
+    #[error("sysfs {path}: cannot parse {value:?}: {reason}")]
     Parse {
         path: PathBuf,
         value: String,
         reason: String,
     },
     /// The kernel accepted the write but reads back something else (clamped, refused silently).
-    #[error("cpufreq: {path}: wrote {wrote:?} but the kernel reports {read:?}")]
+    #[error("sysfs {path}: wrote {wrote:?} but the kernel reports {read:?}")]
     NotApplied {
         path: PathBuf,
         wrote: String,

@@ -13,6 +13,7 @@
 pub mod config;
 pub mod counters;
 pub mod cpufreq;
+pub mod cpuidle;
 pub mod error;
 pub mod manager;
 pub mod xman;
@@ -20,6 +21,7 @@ pub mod xman;
 pub use config::{FunctionSpec, PowerConfig, XmanParams};
 pub use counters::{CounterSnapshot, CounterSource, FnCounters, PinnedFnStats, TraceSource};
 pub use cpufreq::{Cpufreq, PolicyInfo, PolicyReading, SysfsWrite};
+pub use cpuidle::{Cpuidle, IdleState};
 pub use error::PowerError;
 pub use manager::{
     ApplyReport, CorePolicy, CoreState, Decision, PowerLoop, PowerManager, XmanMode,
