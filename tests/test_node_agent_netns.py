@@ -95,6 +95,8 @@ class Lab:
     proc: subprocess.Popen[str] | None = None
     # A directory laid out like /sys/devices/system/cpu/cpufreq (this VM has no cpufreq).
     cpufreq_root: Path | None = None
+    # Extra [power] keys (TOML lines), e.g. a fake cpuidle root.
+    power_extra: str = ""
 
     def __post_init__(self) -> None:
         self.ns_a = f"cgl-na-{self.tag}-a"
@@ -129,7 +131,8 @@ class Lab:
             f'interfaces = ["{self.if_a}"]\n'
             "max_rate_bps = 1000000000\n"
             "max_drop_fraction = 0.6\n"
-            + (f'[power]\ncpufreq_root = "{self.cpufreq_root}"\n' if self.cpufreq_root else "")
+            + (f'[power]\ncpufreq_root = "{self.cpufreq_root}"\n{self.power_extra}'
+               if self.cpufreq_root else "")
         )
         self.start()
         return self
@@ -618,6 +621,77 @@ def test_power_policy_over_grpc_writes_the_cpufreq_tree(tmp_path):
                 cores=[0], governor="userspace", xman_mode=na.XMAN_MODE_LOAD)), timeout=10)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "fn_stats" in err.value.details()
+    finally:
+        lab.down()
+
+
+def fake_cpuidle(root: Path, cpus: tuple[int, ...] = (0, 1)) -> Path:
+    """cpuN/cpuidle/stateK laid out like this VM's kernel: POLL, then C1 and C6."""
+    for cpu in cpus:
+        for k, (name, latency) in enumerate((("POLL", 0), ("C1", 2), ("C6", 133))):
+            d = root / f"cpu{cpu}" / "cpuidle" / f"state{k}"
+            d.mkdir(parents=True)
+            for f, v in (("name", name), ("latency", latency), ("disable", 0)):
+                (d / f).write_text(f"{v}\n")
+    return root
+
+
+def disabled_states(root: Path, cpu: int) -> list[int]:
+    d = root / f"cpu{cpu}" / "cpuidle"
+    return [int((d / f"state{k}" / "disable").read_text()) for k in range(3)]
+
+
+def test_forbid_cstates_writes_cpuidle_is_bounded_survives_a_restart_and_rolls_back(tmp_path):
+    _skip_without_root()
+    lab = Lab(tmp_path)
+    lab.cpufreq_root = fake_cpufreq(tmp_path / "cpu")
+    idle = fake_cpuidle(tmp_path / "cpu")
+    lab.power_extra = f'cpuidle_root = "{idle}"\nmax_cstate_forbidden_cores = 1\n'
+
+    def policy(cores: list[int], forbid: bool) -> na.PowerPolicy:
+        return na.PowerPolicy(cores=cores, governor="userspace", min_frequency_khz=3_000_000,
+                              max_frequency_khz=3_000_000, xman_mode=na.XMAN_MODE_PINNED_MAX,
+                              forbid_cstates=forbid)
+
+    try:
+        stub = lab.up().stub()
+        dry = stub.SetPowerPolicy(na.SetPowerPolicyRequest(
+            action_id="c0", dry_run=True, policy=policy([0], True)), timeout=10)
+        assert dry.applied.forbid_cstates and disabled_states(idle, 0) == [0, 0, 0]
+        resp = stub.SetPowerPolicy(na.SetPowerPolicyRequest(
+            action_id="c1", policy=policy([0], True)), timeout=10)
+        assert resp.applied.forbid_cstates
+        assert [p.forbid_cstates for p in resp.previous] == [False]
+        assert disabled_states(idle, 0) == [0, 1, 1]  # POLL stays: the idle loop spins in C0
+        assert disabled_states(idle, 1) == [0, 0, 0]
+        state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
+        assert state.cores[0].cstates_forbidden
+        assert list(state.cores[0].enabled_idle_states) == ["POLL"]
+        assert [p.forbid_cstates for p in state.policies] == [True]
+        # The hard bound: a second core out of C-states is refused before anything is written.
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SetPowerPolicy(na.SetPowerPolicyRequest(
+                action_id="c2", policy=policy([1], True)), timeout=10)
+        assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert "max_cstate_forbidden_cores = 1" in err.value.details()
+        assert disabled_states(idle, 1) == [0, 0, 0]
+        # A reboot clears cpuidle; the restarted agent restores the forbid from its journal.
+        assert lab.terminate() == 0
+        for k in (1, 2):
+            (idle / "cpu0" / "cpuidle" / f"state{k}" / "disable").write_text("0\n")
+        lab.start()
+        stub = lab.stub()
+        assert disabled_states(idle, 0) == [0, 1, 1]
+        state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
+        assert state.cores[0].cstates_forbidden
+        # Rollback = the policy engine re-sends `previous`: C-states are allowed again.
+        back = stub.SetPowerPolicy(na.SetPowerPolicyRequest(
+            action_id="c1-rollback", policy=resp.previous[0]), timeout=10)
+        assert not back.applied.forbid_cstates
+        assert disabled_states(idle, 0) == [0, 0, 0]
+        state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
+        assert not state.cores[0].cstates_forbidden
+        assert list(state.cores[0].enabled_idle_states) == ["POLL", "C1", "C6"]
     finally:
         lab.down()
 

@@ -240,12 +240,15 @@ impl Power {
         Ok((applied, previous))
     }
 
+    /// Module policies as proto, split by this agent's C-state setting.
+    fn split(&self, policies: &[CorePolicy]) -> Vec<PowerPolicy> {
+        let ours = |c: u32| self.cpuidle.forbidden_by_us(c);
+        policies.iter().flat_map(|q| split_by_cstates(q, &ours)).collect()
+    }
+
     pub fn policies(&self) -> Vec<PowerPolicy> {
         match &self.running {
-            Ok(r) => {
-                let ours = |c: u32| self.cpuidle.forbidden_by_us(c);
-                r.manager().policies().iter().flat_map(|q| split_by_cstates(q, &ours)).collect()
-            }
+            Ok(r) => self.split(&r.manager().policies()),
             Err(_) => Vec::new(),
         }
     }
@@ -273,7 +276,7 @@ impl Power {
                     }
                 })
                 .collect(),
-            policies: self.policies(),
+            policies: self.split(&manager.policies()),
             power_watts: None,
         })
     }

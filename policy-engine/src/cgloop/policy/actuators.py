@@ -125,7 +125,8 @@ def _power_text(p: na.PowerPolicy) -> str:
     mode = XMAN_NAME.get(p.xman_mode, "off")
     return (
         f"cores={','.join(map(str, p.cores))};governor={p.governor};"
-        f"min={p.min_frequency_khz};max={p.max_frequency_khz};mode={mode}"
+        f"min={p.min_frequency_khz};max={p.max_frequency_khz};mode={mode};"
+        f"cstates={'forbid' if p.forbid_cstates else 'allow'}"
     )
 
 
@@ -137,6 +138,7 @@ def _power_from_text(text: str) -> na.PowerPolicy:
         min_frequency_khz=int(f["min"]),
         max_frequency_khz=int(f["max"]),
         xman_mode=XMAN.get(f["mode"], na.XMAN_MODE_OFF),
+        forbid_cstates=f.get("cstates", "allow") == "forbid",
     )
 
 
@@ -353,6 +355,7 @@ class NodeAgentActuator:
                         min_frequency_khz=cp.min_frequency_khz,
                         max_frequency_khz=cp.max_frequency_khz,
                         xman_mode=XMAN[cp.xman_mode],
+                        forbid_cstates=not cp.allow_cstates,
                     )
                     for cp in power_plan(params)
                 ]
