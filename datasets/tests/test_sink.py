@@ -179,7 +179,7 @@ def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twic
     assert crashed.returncode == 17, crashed.stderr
     # Restart on the same folder and group: the chunk is replayed with the same offsets and
     # dropped by the store; more data arriving afterwards is still taken.
-    store = SinkStore(folder, stack_settings.bootstrap_servers, group)
+    store = SinkStore(folder, stack_settings.bootstrap_servers, group, "--close-minutes-every", "1")
     try:
         for i in range(40, 50):
             producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, i + 1), key=source)
@@ -200,5 +200,23 @@ def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twic
             " AND dst_port = 51000"
         )
         assert packets == raw
+        # The minute (2025: long closed) is finalised, and finalised again when late rows
+        # arrive; FINAL reads the newest version, equal to what the t-digest view computes.
+        closed = (
+            "SELECT records, p99_jitter_ns FROM cgloop.flow_minutes_closed FINAL"
+            " WHERE src_addr = toIPv6('198.51.100.7') AND dst_port = 51000"
+            " AND minute = toDateTime('2025-06-15 15:06:00', 'UTC')"
+        )
+        first = store.wait_for(closed, lambda r: r[:1] != [] and r[0][0] == "50")
+        assert [r[0] for r in first] == ["50"]
+        for i in range(50, 60):
+            producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, i + 1), key=source)
+        producer.flush()
+        rows = store.wait_for(closed, lambda r: r[:1] != [] and r[0][0] == "60")
+        view = store.query(
+            "SELECT p99_jitter_ns FROM cgloop.flow_minutes WHERE src_addr = toIPv6('198.51.100.7')"
+            " AND dst_port = 51000 AND minute = toDateTime('2025-06-15 15:06:00', 'UTC')"
+        )
+        assert rows == [["60", view[0][0]]]
     finally:
         store.stop()

@@ -148,6 +148,9 @@ def check_flows(fmt: str, mode: str, truth: dict, recs: dict) -> None:
     new = [r for r in recs["flow"] if r.reason == IntEventReason.INT_EVENT_REASON_NEW_FLOW]
     assert sorted(key(r.five_tuple) for r in new) == sorted(flows), fmt
     reasons = {r.reason for r in recs["flow"]}
+    # A record folds the reports since the flow's previous record: at least the one that
+    # triggered it (a summary is only sent for a flow that had reports).
+    assert all(r.report_count >= 1 for r in recs["flow"]), fmt
     assert IntEventReason.INT_EVENT_REASON_PERIODIC in reasons, fmt
     for r in new:
         want = flows[key(r.five_tuple)]
@@ -160,12 +163,31 @@ def check_flows(fmt: str, mode: str, truth: dict, recs: dict) -> None:
             assert got.hop_latency_ns == exp["hop_latency_ns"], fmt
             assert got.queue_id == exp["queue_id"]
             assert got.queue_occupancy_cells == exp["queue_occupancy_cells"], fmt
-            if fmt != "v0.5":  # the v0.5 local report carries no TX utilization
+            if fmt != "v0.5":  # the v0.5 local report carries no TX utilization, no bitmap
                 assert got.egress_tx_utilization == pytest.approx(exp["egress_tx_util"] / 10_000)
+                assert got.egress_tx_utilization_raw == exp["egress_tx_util"], fmt
+                assert (got.l2_ingress_port, got.l2_egress_port) == (
+                    exp["l2_ingress_port"],
+                    exp["l2_egress_port"],
+                ), fmt
+            if fmt == "v2.0":  # buffer (bit 8): the generator's v1.0 bitmap stops at bit 7
+                assert exp["buffer_occupancy_cells"] > 0
+                assert (got.buffer_id, got.buffer_occupancy_cells) == (
+                    exp["buffer_id"],
+                    exp["buffer_occupancy_cells"],
+                ), fmt
+            else:
+                assert (got.buffer_id, got.buffer_occupancy_cells) == (0, 0), fmt
             # Switch timestamps: egress - ingress is the hop latency (32-bit wrap in v0.5/v1.0).
             wrap = 2**64 if fmt == "v2.0" else 2**32
             delta = (got.egress_timestamp_ns - got.ingress_timestamp_ns) % wrap
             assert delta == exp["hop_latency_ns"], fmt
+        assert r.reporter_switch_id in want["path"], fmt
+        if mode == "md" and fmt != "v0.5":  # the INT sink reports the whole stack
+            assert r.reporter_switch_id == want["path"][-1], fmt
+            assert r.report_count == 1, fmt
+        else:  # per-hop reports: every switch reported before the flow was announced
+            assert r.report_count >= len(want["path"]), fmt
         total = sum(h["hop_latency_ns"] for h in want["hops"])
         if fmt == "v2.0" and mode == "md":  # one packet's 64-bit timestamps: source to sink
             assert r.end_to_end_latency_ns > total

@@ -131,6 +131,11 @@ fn int_hop(switch_id: u32, ingress_port: u32, egress_port: u32, hop_latency_ns: 
         egress_tx_utilization: 0.5,
         ingress_timestamp_ns,
         egress_timestamp_ns: ingress_timestamp_ns + hop_latency_ns,
+        l2_ingress_port: 1_000 + ingress_port,
+        l2_egress_port: 1_000 + egress_port,
+        buffer_id: 2,
+        buffer_occupancy_cells: 300 * switch_id,
+        egress_tx_utilization_raw: 5_000,
         ..Default::default()
     }
 }
@@ -153,6 +158,8 @@ pub fn sample_int_record_batch() -> IntRecordBatch {
         end_to_end_latency_ns: 2_100,
         reason: IntEventReason::LatencyChange as i32,
         report_sequence: 9_001,
+        reporter_switch_id: 2,
+        report_count: 42,
         ..Default::default()
     };
     let queue = IntQueueRecord {

@@ -474,6 +474,8 @@ impl State {
             end_to_end_latency_ns: e2e,
             reason: reason as i32,
             report_sequence: fs.last_seq,
+            reporter_switch_id: fs.reporter,
+            report_count: fs.reports,
         };
         fs.reports = 0;
         Some(IntRecord { record: Some(int_record::Record::Flow(rec)) })
@@ -537,6 +539,11 @@ fn int_hop(md: &Md, full: u32) -> IntHop {
         egress_tx_utilization: tx_util(md, full),
         ingress_timestamp_ns: md.ingress_ts,
         egress_timestamp_ns: md.egress_ts,
+        l2_ingress_port: md.l2_ingress_port,
+        l2_egress_port: md.l2_egress_port,
+        buffer_id: u32::from(md.buffer_id),
+        buffer_occupancy_cells: md.buffer_occ,
+        egress_tx_utilization_raw: md.tx_util,
     }
 }
 

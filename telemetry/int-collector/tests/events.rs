@@ -177,7 +177,28 @@ fn generator_round_trips_every_field_through_the_parser() {
                 if format != Format::V05 {
                     let want = f64::from(th.egress_tx_util) / 10_000.0;
                     assert!((h.egress_tx_utilization - want).abs() < 1e-9, "{format:?}");
+                    assert_eq!(h.egress_tx_utilization_raw, th.egress_tx_util, "{format:?}");
+                    // Bit 6 (level-2 interfaces): INT v1.0 and v2.x; v0.5 has no bitmap.
+                    assert_eq!((h.l2_ingress_port, h.l2_egress_port), (th.l2_ingress_port, th.l2_egress_port), "{format:?}");
+                } else {
+                    assert_eq!((h.l2_ingress_port, h.egress_tx_utilization_raw), (0, 0));
                 }
+                // Bit 8 (buffer): v2.x only (the generator's v1.0 bitmap stops at bit 7).
+                if format == Format::V20 {
+                    assert_ne!(th.buffer_occupancy_cells, 0);
+                    assert_eq!((h.buffer_id, h.buffer_occupancy_cells), (u32::from(th.buffer_id), th.buffer_occupancy_cells), "{format:?}");
+                } else {
+                    assert_eq!((h.buffer_id, h.buffer_occupancy_cells), (0, 0), "{format:?}");
+                }
+            }
+            assert!(truth.path.contains(&rec.reporter_switch_id), "{format:?}: reporter {}", rec.reporter_switch_id);
+            if mode == Mode::Md && format != Format::V05 {
+                // INT-MD: the sink (last hop) reports the whole stack; one report per record here.
+                assert_eq!(rec.reporter_switch_id, *truth.path.last().unwrap(), "{format:?}");
+                assert_eq!(rec.report_count, 1, "{format:?}");
+            } else {
+                // Per-hop reports (INT-MX, v0.5): one per switch before the flow settles.
+                assert!(rec.report_count >= truth.path.len() as u32, "{format:?}: {}", rec.report_count);
             }
         }
     }

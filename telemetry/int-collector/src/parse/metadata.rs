@@ -188,7 +188,7 @@ impl Plan {
 
 /// The values the collector's state keeps of one hop: absent values are 0 (what a record
 /// carries for them anyway) plus presence bits for those the event rules must tell apart from
-/// 0. 40 bytes instead of [`HopMetadata`]'s ~120.
+/// 0. 56 bytes instead of [`HopMetadata`]'s ~120.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompactHop {
     pub ingress_ts: u64,
@@ -197,9 +197,15 @@ pub struct CompactHop {
     pub latency: u32,
     pub queue_occ: u32,
     pub tx_util: u32,
+    /// Bit 6: level-2 interface ids.
+    pub l2_ingress_port: u32,
+    pub l2_egress_port: u32,
+    /// Bit 8: buffer occupancy (24 bits) and buffer id.
+    pub buffer_occ: u32,
     pub ingress_port: u16,
     pub egress_port: u16,
     pub queue_id: u8,
+    pub buffer_id: u8,
     /// HAS_* bits (the state uses the two high bits for its own baseline flags).
     pub has: u8,
 }
@@ -222,6 +228,10 @@ impl CompactHop {
             ingress_port: h.l1_ingress_port.unwrap_or(0),
             egress_port: h.l1_egress_port.unwrap_or(0),
             queue_id: h.queue_id.unwrap_or(0),
+            l2_ingress_port: h.l2_ingress_port.unwrap_or(0),
+            l2_egress_port: h.l2_egress_port.unwrap_or(0),
+            buffer_occ: h.buffer_occupancy.unwrap_or(0),
+            buffer_id: h.buffer_id.unwrap_or(0),
             has: bit(h.node_id.is_some(), HAS_NODE)
                 | bit(h.hop_latency.is_some(), HAS_LATENCY)
                 | bit(h.queue_occupancy.is_some(), HAS_QUEUE)
@@ -248,14 +258,15 @@ impl Plan {
     #[inline]
     pub fn decode_compact(&self, buf: &[u8]) -> Result<CompactHop> {
         let body = take(buf, 0, self.size(), "metadata")?;
-        let word = |bit: usize| -> Option<u32> {
+        let word_at = |bit: usize, plus: usize| -> Option<u32> {
             let o = self.off[bit];
             if o == ABSENT {
                 return None;
             }
-            let w = be32(body, usize::from(o));
+            let w = be32(body, usize::from(o) + plus);
             (w != ALL_ONES_32).then_some(w)
         };
+        let word = |bit: usize| word_at(bit, 0);
         let mut c = CompactHop::default();
         if self.layout != Layout::ReportV2 {
             if let Some(w) = word(0) {
@@ -293,9 +304,16 @@ impl Plan {
             c.ingress_ts = ts(4);
             c.egress_ts = ts(5);
         }
+        // Bit 6: two level-2 interface ids, each all-ones on its own.
+        c.l2_ingress_port = word_at(6, 0).unwrap_or(0);
+        c.l2_egress_port = word_at(6, 4).unwrap_or(0);
         if let Some(w) = word(7) {
             c.tx_util = w;
             c.has |= HAS_TX_UTIL;
+        }
+        if let Some(w) = word(8) {
+            c.buffer_id = (w >> 24) as u8;
+            c.buffer_occ = w & 0x00ff_ffff;
         }
         if self.layout == Layout::ReportV2 && queue.is_none() {
             // RepMdBits bit 15 carries a queue id too (bit 3 wins when both are present).

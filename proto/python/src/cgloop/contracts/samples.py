@@ -116,6 +116,11 @@ def _int_hop(
         egress_tx_utilization=0.5,
         ingress_timestamp_ns=ingress_timestamp_ns,
         egress_timestamp_ns=ingress_timestamp_ns + hop_latency_ns,
+        l2_ingress_port=1_000 + ingress_port,
+        l2_egress_port=1_000 + egress_port,
+        buffer_id=2,
+        buffer_occupancy_cells=300 * switch_id,
+        egress_tx_utilization_raw=5_000,
     )
 
 
@@ -136,6 +141,8 @@ def sample_int_record_batch() -> int_pb2.IntRecordBatch:
         end_to_end_latency_ns=2_100,
         reason=int_pb2.INT_EVENT_REASON_LATENCY_CHANGE,
         report_sequence=9_001,
+        reporter_switch_id=2,
+        report_count=42,
     )
     queue = int_pb2.IntQueueRecord(
         header=_header(source, 9, T0_NS + 2_000_000),
