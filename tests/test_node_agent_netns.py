@@ -211,13 +211,13 @@ class Lab:
     # --- traffic ---------------------------------------------------------------------------
 
     def send(self, sport: int, dport: int, count: int, gap_s: float = 0.0,
-             size: int = 64) -> None:
+             size: int = 64, payload: bytes = b"") -> None:
         def run() -> None:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((self.addr_a, sport))
             for i in range(count):
-                s.sendto(struct.pack("!Q", i).ljust(size, b"\0"), (self.addr_b, dport))
+                s.sendto((struct.pack("!Q", i) + payload).ljust(size, b"\0"), (self.addr_b, dport))
                 if gap_s:
                     time.sleep(gap_s)
             s.close()
@@ -406,6 +406,64 @@ def test_chain_filters_marks_and_limits_and_calvin_refuses_payload_work(lab):
         stub.SetChain(na.SetChainRequest(action_id="c4", chain=chain(
             "gaming", ("acl", na.FUNCTION_KIND_ADVANCED, {}))), timeout=10)
     assert "CALVIN" in err.value.details()
+
+
+def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab):
+    stub = lab.stub()
+    apply(stub, lab)
+    set_flow(stub, lab, "f1", 43000, 9300, GAMING)
+    adv, basic = na.FUNCTION_KIND_ADVANCED, na.FUNCTION_KIND_BASIC
+    stub.SetChain(na.SetChainRequest(action_id="a1", chain=chain(
+        "gaming",
+        ("mark", basic, {"dscp": "10"}),
+        ("dpi", adv, {"pattern": "GAMEINPUT", "dscp": "46"}),
+    )), timeout=10)
+    rx = Receiver(lab, 9300)
+    lab.send(43000, 9300, 30, payload=b"..GAMEINPUT..")
+    lab.send(43000, 9300, 30, payload=b"video frame")
+    got = rx.stop()
+    # The payload function's effect is visible on the far side: DSCP 46 on the matching
+    # packets only; the others keep the BPF prefix's mark.
+    assert sorted(d for _, d in got) == [10] * 30 + [46] * 30, got
+    state = stub.GetState(na.GetStateRequest(), timeout=10).state
+    fns = state.chains[0].functions
+    assert [(f.name, f.kind) for f in fns] == [("mark", basic), ("dpi", adv)]
+    assert fns[1].params["pattern"] == "GAMEINPUT"
+    assert fns[0].packets == 60 and fns[1].packets == 60, "every packet went through user space"
+
+    # Atomic swap under traffic. Chain A drops everything in user space (the pattern is in every
+    # packet); chain B marks 20 and passes. A mix (A's prefix with B's suffix) would deliver
+    # DSCP 10: it must never appear.
+    stub.SetChain(na.SetChainRequest(action_id="a2", chain=chain(
+        "gaming", ("mark", basic, {"dscp": "10"}),
+        ("dpi", adv, {"pattern": "SEQ", "action": "drop"}),
+    )), timeout=10)
+    rx = Receiver(lab, 9300)
+    sender = threading.Thread(target=lab.send, args=(43000, 9300, 3000),
+                              kwargs={"gap_s": 0.0002, "payload": b"SEQ"})
+    sender.start()
+    time.sleep(0.15)
+    stub.SetChain(na.SetChainRequest(action_id="a3", chain=chain(
+        "gaming", ("mark", basic, {"dscp": "20"}),
+        ("dpi", adv, {"pattern": "NEVER", "action": "drop"}),
+    )), timeout=10)
+    sender.join(60)
+    got = rx.stop()
+    seen = {d for _, d in got}
+    assert seen == {20}, f"DSCP values on the far side: {seen}"
+    first = min(seq for seq, _ in got)
+    assert first > 0 and len(got) >= 0.9 * (3000 - first), (first, len(got))
+
+    with pytest.raises(grpc.RpcError) as err:  # a basic function after an advanced one
+        stub.SetChain(na.SetChainRequest(action_id="a4", chain=chain(
+            "gaming", ("dpi", adv, {"pattern": "x", "dscp": "1"}), ("mark", basic, {"dscp": "1"}),
+        )), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CALVIN" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:  # known payload function, no implementation yet
+        stub.SetChain(na.SetChainRequest(action_id="a5", chain=chain(
+            "gaming", ("transcode", adv, {}))), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_impairment_drops_about_the_configured_fraction(lab):

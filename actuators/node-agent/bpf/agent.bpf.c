@@ -7,6 +7,12 @@
  *                  class's service chain through tail calls.
  *   cgl_fn_*       header-only ("basic", CALVIN) chain functions: forward, ACL, DSCP/ECN marker,
  *                  token bucket, mirror. Each runs its step of the chain and tail-calls the next.
+ *   cgl_fn_to_user the hand-over of a chain's advanced (payload) functions to user space:
+ *                  tags the source MAC with (slot, ifindex) and redirects the frame to the
+ *                  egress of the agent's AF_XDP veth port (src/advanced.rs).
+ *   cgl_xsk_rx     XDP on the port's peer: frames into the AF_XDP socket (XSKMAP).
+ *   cgl_adv_return tc ingress on the port: frames the user-space worker sent back get their
+ *                  source MAC restored and CGL_ADV_MARK, and leave on their interface's egress.
  *
  * The user-space agent (src/datapath.rs) is the only writer of the configuration maps; the
  * programs only read them, except the per-function counters and token-bucket state.
@@ -108,6 +114,22 @@ struct {
 	__type(key, struct cgl_flow_key);
 	__type(value, struct cgl_flow_counters);
 } flow_counters SEC(".maps");
+
+/* AF_XDP sockets of the advanced-function worker, by queue. Agent writes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+/* ifindex -> its own MAC, restored on frames coming back from user space. Agent writes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_IFACES);
+	__type(key, __u32);
+	__type(value, struct cgl_mac);
+} adv_if_mac SEC(".maps");
 
 struct parsed {
 	struct cgl_flow_key key;
@@ -290,6 +312,20 @@ int cgl_classify(struct __sk_buff *skb)
 	if (parse(skb, &p))
 		return TC_ACT_OK;
 
+	if (skb->mark == CGL_ADV_MARK) {
+		/* Back from the advanced functions: its class again, no second pass of the chain. */
+		skb->mark = 0;
+		rule = bpf_map_lookup_elem(&flow_class, &p.key);
+		if (!rule) {
+			struct cgl_dscp_key dk = { .ifindex = skb->ifindex, .dscp = p.tos >> 2 };
+
+			rule = bpf_map_lookup_elem(&dscp_class, &dk);
+		}
+		if (rule)
+			skb->priority = rule->classid;
+		return TC_ACT_OK;
+	}
+
 	imp = bpf_map_lookup_elem(&flow_drop, &p.key);
 	if (imp) {
 		__sync_fetch_and_add(&imp->seen, 1);
@@ -432,4 +468,65 @@ int cgl_fn_mirror(struct __sk_buff *skb)
 	if (fn->a)
 		bpf_clone_redirect(skb, fn->a, 0);
 	return advance(skb);
+}
+
+#define TC_ACT_REDIRECT_ 7
+#define XDP_PASS_ 2
+
+SEC("tc")
+int cgl_fn_to_user(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct cgl_chain_fn *fn;
+	struct ethhdr *eth;
+	__u32 idx, slot = skb->cb[0];
+	__u8 tag[6];
+
+	fn = this_fn(skb, &idx);
+	if (!fn || !fn->a)
+		return TC_ACT_OK;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	tag[0] = CGL_ADV_MAC0;
+	tag[1] = CGL_ADV_MAC1;
+	tag[2] = slot >> 8;
+	tag[3] = slot & 0xff;
+	tag[4] = skb->ifindex >> 8;
+	tag[5] = skb->ifindex & 0xff;
+	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), tag, 6, 0))
+		return drop_counted(idx);
+	/* a = ifindex of the AF_XDP port; its peer's XDP program hands the frame to the worker. */
+	return bpf_redirect(fn->a, 0);
+}
+
+SEC("xdp")
+int cgl_xsk_rx(struct xdp_md *ctx)
+{
+	return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS_);
+}
+
+SEC("tc")
+int cgl_adv_return(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct cgl_mac *mac;
+	__u32 ifindex;
+
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	if (eth->h_source[0] != CGL_ADV_MAC0 || eth->h_source[1] != CGL_ADV_MAC1)
+		return TC_ACT_SHOT; /* nothing else belongs on the port */
+	ifindex = ((__u32)eth->h_source[4] << 8) | eth->h_source[5];
+	mac = bpf_map_lookup_elem(&adv_if_mac, &ifindex);
+	if (!mac)
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), mac->addr, 6, 0))
+		return TC_ACT_SHOT;
+	skb->mark = CGL_ADV_MARK;
+	return bpf_redirect(ifindex, 0);
 }

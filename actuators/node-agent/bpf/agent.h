@@ -22,7 +22,22 @@ enum cgl_fn_kind {
 	CGL_FN_MARK = 2,
 	CGL_FN_RATE = 3,
 	CGL_FN_MIRROR = 4,
-	CGL_FN_KINDS = 5,
+	/* Last BPF step of a chain with advanced (payload) functions: to the AF_XDP port. */
+	CGL_FN_TO_USER = 5,
+	CGL_FN_KINDS = 6,
+};
+
+/* skb->mark of a packet coming back from the user-space advanced functions: the classifier
+ * sets its class again but does not run its chain a second time. */
+#define CGL_ADV_MARK 0xc6100adu
+/* Source MAC of a packet on its way to user space: 0xc6, 0x1a, slot (u16 BE), ifindex (u16 BE).
+ * The return path restores the interface's own address from adv_if_mac. */
+#define CGL_ADV_MAC0 0xc6
+#define CGL_ADV_MAC1 0x1a
+
+struct cgl_mac {
+	__u8 addr[6];
+	__u16 pad;
 };
 
 struct cgl_flow_key {

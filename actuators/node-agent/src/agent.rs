@@ -71,6 +71,8 @@ struct Inner {
     generation: u64,
     power: Power,
     probes: Probes,
+    /// The AF_XDP runtime of advanced functions, started with the first chain that has one.
+    advanced: Option<crate::advanced::Advanced>,
 }
 
 pub struct Agent {
@@ -489,6 +491,33 @@ impl Inner {
         };
         let next = 1 - active;
         let slot = pair * 2 + next;
+        let chains::Compiled { bpf: mut compiled, advanced } = compiled;
+        if !advanced.is_empty() {
+            if self.advanced.is_none() {
+                let started = crate::advanced::Advanced::start(
+                    &self.dp,
+                    &self.config.advanced_port,
+                    self.config.advanced_busy_poll_us,
+                )
+                .map_err(|e| AgentError::Kernel(e.context("starting the AF_XDP runtime of advanced functions")))?;
+                self.advanced = Some(started);
+            }
+            let Some(adv) = &self.advanced else { unreachable!("started above") };
+            let to_user = (compiled.len as usize).saturating_sub(1).min(datapath::MAX_CHAIN_FNS - 1);
+            compiled.fns[to_user].a = adv.port;
+            for &(ifindex, _) in &targets {
+                if ifindex > 0xffff {
+                    return Err(AgentError::Precondition(format!(
+                        "interface index {ifindex} does not fit the 16-bit tag of advanced functions"
+                    )));
+                }
+                let mac = self.rtnl.mac(ifindex).map_err(|e| AgentError::Kernel(e.into()))?;
+                self.dp.set_adv_if_mac(ifindex, mac).map_err(kernel("recording the interface address"))?;
+            }
+            // Published before the class points at the slot: a frame tagged with the new slot
+            // always finds its functions.
+            adv.install(slot, crate::advanced::AdvChain { fns: advanced });
+        }
         for (ifindex, classid) in targets {
             self.dp
                 .install_chain(ifindex, classid, slot, &compiled)
@@ -607,6 +636,22 @@ impl Inner {
                 f.dropped_packets = c.dropped;
                 if let Some(asked) = chain.functions.get(pos) {
                     f.core = asked.core;
+                }
+            }
+            // The hand-over step stands for the advanced functions behind it (user space).
+            if functions.last().is_some_and(|f| f.name == "to_user") {
+                functions.pop();
+                if let Some(adv) = self.advanced.as_ref().and_then(|a| a.chain(slot)) {
+                    for a in &adv.fns {
+                        functions.push(ChainFunction {
+                            name: a.name.clone(),
+                            kind: cgloop_proto::v1::FunctionKind::Advanced as i32,
+                            core: chain.functions.get(functions.len()).map_or(0, |f| f.core),
+                            params: a.f.params().into_iter().collect(),
+                            packets: a.counters.packets.load(std::sync::atomic::Ordering::Relaxed),
+                            dropped_packets: a.counters.dropped.load(std::sync::atomic::Ordering::Relaxed),
+                        });
+                    }
                 }
             }
             state.chains.push(ServiceChain {
@@ -729,6 +774,7 @@ impl Agent {
             generation,
             power,
             probes,
+            advanced: None,
         };
         if let Some(d) = saved.desired {
             warnings.extend(inner.restore(&d));

@@ -45,8 +45,15 @@ pub trait Interfaces {
     fn name(&self, ifindex: u32) -> String;
 }
 
+/// A chain split by CALVIN: the BPF part (basic prefix, then a `ToUser` step when there are
+/// advanced functions) and the advanced suffix, validated, for the AF_XDP worker.
+pub struct Compiled {
+    pub bpf: Chain,
+    pub advanced: Vec<crate::advanced::AdvFn>,
+}
+
 /// Checks a chain against the catalogue and CALVIN, and builds its datapath form.
-pub fn compile(chain: &ServiceChain, max_fns: usize, ifs: &dyn Interfaces) -> AgentResult<Chain> {
+pub fn compile(chain: &ServiceChain, max_fns: usize, ifs: &dyn Interfaces) -> AgentResult<Compiled> {
     if chain.traffic_class.is_empty() {
         invalid!("chain.traffic_class is empty: name the HTB class the chain serves");
     }
@@ -59,6 +66,7 @@ pub fn compile(chain: &ServiceChain, max_fns: usize, ifs: &dyn Interfaces) -> Ag
         )));
     }
     let mut out = Chain { len: chain.functions.len() as u32, ..Default::default() };
+    let mut advanced = Vec::new();
     for (pos, f) in chain.functions.iter().enumerate() {
         let Some(place) = placement(&f.name) else {
             invalid!("chain function #{pos} {:?} is unknown; known functions: {KNOWN}", f.name);
@@ -66,11 +74,16 @@ pub fn compile(chain: &ServiceChain, max_fns: usize, ifs: &dyn Interfaces) -> Ag
         let kind = FunctionKind::try_from(f.kind).unwrap_or(FunctionKind::Unspecified);
         let fn_kind = match (place, kind) {
             (Placement::Payload, FunctionKind::Advanced) => {
-                return Err(AgentError::Unimplemented(format!(
-                    "chain function #{pos} {:?} is an advanced (payload) function: it runs in user \
-                     space behind AF_XDP, which this agent does not provide yet",
-                    f.name
-                )));
+                if advanced.is_empty() {
+                    out.fns[pos] = ChainFn { kind: FnKind::ToUser as u32, ..Default::default() };
+                    out.len = pos as u32 + 1;
+                }
+                advanced.push(crate::advanced::AdvFn {
+                    name: f.name.clone(),
+                    f: crate::payload::build(f, pos)?,
+                    counters: Default::default(),
+                });
+                continue;
             }
             (Placement::Payload, _) => {
                 invalid!(
@@ -88,9 +101,16 @@ pub fn compile(chain: &ServiceChain, max_fns: usize, ifs: &dyn Interfaces) -> Ag
             }
             (Placement::Bpf(k), _) => k,
         };
+        if !advanced.is_empty() {
+            invalid!(
+                "CALVIN: chain function #{pos} {:?} is basic but follows an advanced one; basic \
+                 functions run in BPF before the hand-over to user space, so put them first",
+                f.name
+            );
+        }
         out.fns[pos] = function_params(fn_kind, f, pos, ifs)?;
     }
-    Ok(out)
+    Ok(Compiled { bpf: out, advanced })
 }
 
 fn param<T: std::str::FromStr>(
@@ -127,6 +147,7 @@ fn function_params(
         FnKind::Mark => &["dscp", "ecn"],
         FnKind::Rate => &["rate_bps", "burst_bytes"],
         FnKind::Mirror => &["interface"],
+        FnKind::ToUser => &[],
     };
     if let Some(k) = f.params.keys().find(|k| !allowed.contains(&k.as_str())) {
         invalid!("chain function #{pos} {:?}: unknown parameter {k:?} (takes {allowed:?})", f.name);
@@ -176,6 +197,7 @@ fn function_params(
             };
             out.a = ifs.ifindex(name)?;
         }
+        FnKind::ToUser => {}
     }
     Ok(out)
 }
@@ -214,6 +236,7 @@ pub fn decompile(chain: &Chain, ifs: &dyn Interfaces) -> Vec<ChainFunction> {
                 params.insert("interface".into(), ifs.name(f.a));
                 "mirror"
             }
+            k if k == FnKind::ToUser as u32 => "to_user",
             _ => "unknown",
         };
         out.push(ChainFunction {
@@ -260,7 +283,7 @@ mod tests {
     #[test]
     fn payload_function_in_bpf_is_refused_by_calvin() {
         let c = chain(vec![func("encrypt", FunctionKind::Basic, &[])]);
-        let err = compile(&c, 8, &NoIfs).unwrap_err();
+        let err = compile(&c, 8, &NoIfs).err().expect("refused");
         assert!(matches!(err, AgentError::Invalid(_)));
         assert!(err.to_string().contains("CALVIN"), "{err}");
     }
@@ -268,13 +291,27 @@ mod tests {
     #[test]
     fn header_function_is_never_moved_to_user_space() {
         let c = chain(vec![func("acl", FunctionKind::Advanced, &[])]);
-        assert!(compile(&c, 8, &NoIfs).unwrap_err().to_string().contains("CALVIN"));
+        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("CALVIN"));
     }
 
     #[test]
-    fn advanced_function_reports_the_missing_runtime() {
+    fn advanced_function_without_an_implementation_says_so() {
         let c = chain(vec![func("transcode", FunctionKind::Advanced, &[])]);
-        assert!(matches!(compile(&c, 8, &NoIfs).unwrap_err(), AgentError::Unimplemented(_)));
+        assert!(matches!(compile(&c, 8, &NoIfs).err(), Some(AgentError::Unimplemented(_))));
+    }
+
+    #[test]
+    fn advanced_suffix_goes_to_user_space_after_the_basic_prefix() {
+        let dpi = func("dpi", FunctionKind::Advanced, &[("pattern", "GAME"), ("dscp", "46")]);
+        let acl = func("acl", FunctionKind::Basic, &[("proto", "6")]);
+        let compiled = compile(&chain(vec![acl.clone(), dpi.clone()]), 8, &NoIfs).unwrap();
+        assert_eq!(compiled.bpf.len, 2);
+        assert_eq!(compiled.bpf.fns[1].kind, FnKind::ToUser as u32);
+        assert_eq!(compiled.advanced.len(), 1);
+        assert_eq!(compiled.advanced[0].name, "dpi");
+        // A basic function after an advanced one would have to come back to BPF: refused.
+        let err = compile(&chain(vec![dpi, acl]), 8, &NoIfs).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("CALVIN") && err.contains("follows an advanced"), "{err}");
     }
 
     #[test]
@@ -286,7 +323,7 @@ mod tests {
             func("mirror", FunctionKind::Basic, &[("interface", "mon0")]),
             func("forward", FunctionKind::Elementary, &[]),
         ]);
-        let compiled = compile(&c, 8, &NoIfs).unwrap();
+        let compiled = compile(&c, 8, &NoIfs).unwrap().bpf;
         assert_eq!(compiled.len, 5);
         let back = decompile(&compiled, &NoIfs);
         let names: Vec<_> = back.iter().map(|f| f.name.as_str()).collect();
@@ -301,12 +338,12 @@ mod tests {
     #[test]
     fn bad_parameters_are_named() {
         let c = chain(vec![func("mark", FunctionKind::Basic, &[("dscp", "64")])]);
-        assert!(compile(&c, 8, &NoIfs).unwrap_err().to_string().contains("dscp 64"));
+        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("dscp 64"));
         let c = chain(vec![func("acl", FunctionKind::Basic, &[("port", "1")])]);
-        assert!(compile(&c, 8, &NoIfs).unwrap_err().to_string().contains("\"port\""));
+        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("\"port\""));
         let c = chain(vec![func("rate_limit", FunctionKind::Basic, &[("rate_bps", "x1")])]);
-        assert!(compile(&c, 8, &NoIfs).unwrap_err().to_string().contains("rate_bps"));
+        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("rate_bps"));
         let c = chain(vec![func("forward", FunctionKind::Basic, &[]); 9]);
-        assert!(matches!(compile(&c, 8, &NoIfs).unwrap_err(), AgentError::OutOfBounds(_)));
+        assert!(matches!(compile(&c, 8, &NoIfs).err().expect("refused"), AgentError::OutOfBounds(_)));
     }
 }

@@ -128,6 +128,12 @@ pub struct Config {
     /// reads latency from these records, so this delay is part of its reaction time; records
     /// that arrive together still share one message.
     pub probe_export_delay_ms: u64,
+    /// Advanced (payload) functions: name of the AF_XDP veth port the agent creates (its peer
+    /// is the name + "p"; at most 14 characters).
+    pub advanced_port: String,
+    /// How long the AF_XDP worker spins for the next frame before it sleeps in poll(2), in µs
+    /// (0 = always sleep: least CPU, most wake-up latency).
+    pub advanced_busy_poll_us: u64,
 }
 
 impl Default for Config {
@@ -145,6 +151,8 @@ impl Default for Config {
             kafka_bootstrap: String::new(),
             probe_topic: "cgloop.probes.v1".into(),
             probe_export_delay_ms: 10,
+            advanced_port: "cglxdp0".into(),
+            advanced_busy_poll_us: 200,
         }
     }
 }
@@ -173,6 +181,11 @@ impl Config {
             crate::datapath::MAX_CHAIN_FNS
         );
         anyhow::ensure!(!self.node_id.is_empty(), "node_id must not be empty");
+        anyhow::ensure!(
+            !self.advanced_port.is_empty() && self.advanced_port.len() <= 14,
+            "advanced_port must have 1..14 characters (its peer adds \"p\")"
+        );
+        anyhow::ensure!(self.advanced_busy_poll_us <= 100_000, "advanced_busy_poll_us must be ≤ 100000");
         anyhow::ensure!(
             (1..=10_000).contains(&self.probe_export_delay_ms),
             "probe_export_delay_ms must be within 1..10000 (got {})",

@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, TcHookBuilder, TC_EGRESS};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, TcHookBuilder, TC_EGRESS, TC_INGRESS};
 
 mod skel {
     #![allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
@@ -39,6 +39,8 @@ pub enum FnKind {
     Mark = 2,
     Rate = 3,
     Mirror = 4,
+    /// Hand-over to the user-space advanced functions (AF_XDP); a = the port's ifindex.
+    ToUser = 5,
 }
 
 /// Counters of one chain position, summed over CPUs.
@@ -71,6 +73,11 @@ pub struct Datapath {
     /// user-space reference goes).
     _fn_progs: MapHandle,
     _fn_prog_fds: Vec<OwnedFd>,
+    /// AF_XDP: the XSKMAP, ifindex -> MAC for the return path, and the two port programs.
+    pub xsks: MapHandle,
+    adv_if_mac: MapHandle,
+    xsk_rx: OwnedFd,
+    adv_return: OwnedFd,
     attached: HashMap<u32, ()>,
 }
 
@@ -108,6 +115,7 @@ impl Datapath {
             (FnKind::Mark, &skel.progs.cgl_fn_mark),
             (FnKind::Rate, &skel.progs.cgl_fn_rate),
             (FnKind::Mirror, &skel.progs.cgl_fn_mirror),
+            (FnKind::ToUser, &skel.progs.cgl_fn_to_user),
         ] {
             let fd = prog.as_fd().try_clone_to_owned().context("dup program fd")?;
             let raw = std::os::fd::AsRawFd::as_raw_fd(&fd) as u32;
@@ -129,6 +137,10 @@ impl Datapath {
             flow_counters: handle(&skel.maps.flow_counters, "flow_counters")?,
             _fn_progs: fn_progs,
             _fn_prog_fds: fn_prog_fds,
+            xsks: handle(&skel.maps.xsks, "xsks")?,
+            adv_if_mac: handle(&skel.maps.adv_if_mac, "adv_if_mac")?,
+            xsk_rx: skel.progs.cgl_xsk_rx.as_fd().try_clone_to_owned().context("dup fd")?,
+            adv_return: skel.progs.cgl_adv_return.as_fd().try_clone_to_owned().context("dup fd")?,
             attached: HashMap::new(),
         })
     }
@@ -149,6 +161,45 @@ impl Datapath {
         hook.attach().with_context(|| format!("attaching cls_bpf on ifindex {ifindex} egress"))?;
         self.attached.insert(ifindex, ());
         Ok(())
+    }
+
+    /// Wires the AF_XDP port: XDP `cgl_xsk_rx` on `peer` (frames into the XSKMAP) and tc
+    /// ingress `cgl_adv_return` on `port` (frames back from user space to their interface).
+    pub fn attach_adv_port(&self, port: u32, peer: u32) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain FFI call with a valid program fd; opts may be NULL.
+        let rc = unsafe {
+            libbpf_rs::libbpf_sys::bpf_xdp_attach(
+                peer as i32,
+                self.xsk_rx.as_raw_fd(),
+                libbpf_rs::libbpf_sys::XDP_FLAGS_DRV_MODE,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            anyhow::bail!(
+                "attaching XDP cgl_xsk_rx on ifindex {peer}: {}",
+                std::io::Error::from_raw_os_error(-rc)
+            );
+        }
+        let mut hook = TcHookBuilder::new(self.adv_return.as_fd())
+            .ifindex(port as i32)
+            .replace(true)
+            .handle(TC_HANDLE)
+            .priority(TC_PRIORITY)
+            .hook(TC_INGRESS);
+        hook.create().with_context(|| format!("creating clsact on ifindex {port}"))?;
+        hook.attach().with_context(|| format!("attaching cgl_adv_return on ifindex {port} ingress"))?;
+        Ok(())
+    }
+
+    /// The MAC the return path restores on frames of `ifindex`.
+    pub fn set_adv_if_mac(&self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
+        let mut v = [0u8; 8];
+        v[..6].copy_from_slice(&mac);
+        self.adv_if_mac
+            .update(&ifindex.to_ne_bytes(), &v, MapFlags::ANY)
+            .context("adv_if_mac update")
     }
 
     /// Id of the BPF program the kernel has at our filter slot, if any (GetState read-back).

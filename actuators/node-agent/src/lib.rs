@@ -3,6 +3,8 @@
 //! Modules are named after what they do; `power` is the cpufreq backend and the X-MAN micro loop.
 pub mod power;
 
+pub mod advanced;
+pub mod afxdp;
 pub mod agent;
 pub mod chains;
 pub mod config;
@@ -10,6 +12,7 @@ pub mod datapath;
 pub mod error;
 pub mod export;
 pub mod journal;
+pub mod payload;
 pub mod power_glue;
 pub mod probes;
 pub mod queues;

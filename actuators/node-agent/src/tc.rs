@@ -141,6 +141,65 @@ impl Rtnl {
         }
     }
 
+    /// Creates a veth pair `name` <-> `peer` in the agent's namespace.
+    pub fn create_veth(&mut self, name: &str, peer: &str) -> Result<(), TcError> {
+        use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo, LinkMessage};
+        let mut peer_msg = LinkMessage::default();
+        peer_msg.attributes.push(LinkAttribute::IfName(peer.to_string()));
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+        ]));
+        self.request(
+            &format!("creating veth {name}/{peer}"),
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )?;
+        Ok(())
+    }
+
+    /// Deletes a link (and a veth's peer with it).
+    pub fn delete_link(&mut self, ifindex: u32) -> Result<(), TcError> {
+        use netlink_packet_route::link::LinkMessage;
+        let mut msg = LinkMessage::default();
+        msg.header.index = ifindex;
+        self.request(&format!("deleting link {ifindex}"), RouteNetlinkMessage::DelLink(msg), NLM_F_REQUEST | NLM_F_ACK)?;
+        Ok(())
+    }
+
+    /// Sets a link up.
+    pub fn set_up(&mut self, ifindex: u32) -> Result<(), TcError> {
+        use netlink_packet_route::link::{LinkFlags, LinkMessage};
+        let mut msg = LinkMessage::default();
+        msg.header.index = ifindex;
+        msg.header.flags = LinkFlags::Up;
+        msg.header.change_mask = LinkFlags::Up;
+        self.request(&format!("setting link {ifindex} up"), RouteNetlinkMessage::SetLink(msg), NLM_F_REQUEST | NLM_F_ACK)?;
+        Ok(())
+    }
+
+    /// The link's hardware address.
+    pub fn mac(&mut self, ifindex: u32) -> Result<[u8; 6], TcError> {
+        use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+        let mut msg = LinkMessage::default();
+        msg.header.index = ifindex;
+        let what = format!("reading the address of link {ifindex}");
+        for answer in self.request(&what, RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST | NLM_F_ACK)? {
+            if let RouteNetlinkMessage::NewLink(link) = answer {
+                for a in link.attributes {
+                    if let LinkAttribute::Address(b) = a {
+                        if let Ok(mac) = <[u8; 6]>::try_from(b.as_slice()) {
+                            return Ok(mac);
+                        }
+                    }
+                }
+            }
+        }
+        Err(TcError::Decode { what, detail: "no 6-byte IFLA_ADDRESS in the answer".into() })
+    }
+
     /// Creates the root HTB qdisc, or changes the default class of the one in place (same
     /// handle: the kernel keeps the classes and their queues).
     pub fn replace_htb_root(&mut self, ifindex: u32, root: KernelHtbRoot) -> Result<(), TcError> {
