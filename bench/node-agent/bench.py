@@ -13,6 +13,15 @@ Clients, side by side: the Python gRPC client (as the policy engine) and a Rust 
 (`actuators/node-agent/examples/bench_client.rs`), so the agent's own share is visible. At the
 end the agent is restarted with `journal_sync_ack = true` (the journal written before the
 answer, as before group commit) and the Rust client's round trip is measured again.
+
+Fair to a 2-core machine: the traffic source is a small Rust sender
+(`actuators/node-agent/examples/udp_sender.rs`, clock_nanosleep pacing, no spinning) pinned
+with taskset to the last CPU, and the agent is pinned to CPU 0.
+
+Advanced functions (AF_XDP): one-way latency (sender's CLOCK_REALTIME stamp in the payload to
+the receiver's kernel timestamp) of the same flow through three chains, interleaved in rounds
+in the same run: [mark] (BPF only), [mark, dpi] and [mark, dpi, dpi] (user space). The added
+latency per advanced function is compared with the CALVIN budget (20 us each).
 """
 
 from __future__ import annotations
@@ -106,19 +115,86 @@ class TimedReceiver:
         return None
 
 
-def pacer(lab: Lab, sport: int, dport: int) -> subprocess.Popen[bytes]:
-    """A separate process (no GIL sharing) sending one packet every ~50 us."""
-    code = (
-        "import socket,time\n"
-        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
-        f"s.bind(('{lab.addr_a}',{sport}))\n"
-        "n=time.perf_counter_ns()\n"
-        "while True:\n"
-        f"    s.sendto(b'x'*32,('{lab.addr_b}',{dport}))\n"
-        "    n+=50000\n"
-        "    while time.perf_counter_ns()<n: pass\n"
-    )
-    return subprocess.Popen(["ip", "netns", "exec", lab.ns_a, sys.executable, "-c", code])
+SENDER_CPU = str((os.cpu_count() or 2) - 1)
+AGENT_CPU = "0"
+ADV_BUDGET_US = 20.0
+
+
+def pacer(lab: Lab, sport: int, dport: int, interval_us: int = 50, count: int = 0,
+          payload: str = "") -> subprocess.Popen[bytes]:
+    """The Rust sender (its own process, pinned to SENDER_CPU): one packet every interval_us."""
+    return subprocess.Popen(
+        ["ip", "netns", "exec", lab.ns_a, "taskset", "-c", SENDER_CPU,
+         os.environ["CGLOOP_BENCH_SENDER"], f"{lab.addr_a}:{sport}", f"{lab.addr_b}:{dport}",
+         str(interval_us), str(count), payload])
+
+
+def pin_agent(lab: Lab) -> None:
+    """All threads of the agent on AGENT_CPU (`ip netns exec` execs it: same pid)."""
+    assert lab.proc is not None
+    subprocess.run(["taskset", "-a", "-p", "-c", AGENT_CPU, str(lab.proc.pid)], check=True,
+                   capture_output=True)
+
+
+class OneWayReceiver:
+    """Kernel receive time minus the sender's stamp (ns) of every datagram, in namespace B."""
+
+    def __init__(self, lab: Lab, port: int) -> None:
+        self.got: list[int] = []
+        self.stop_flag = threading.Event()
+        ready = threading.Event()
+
+        def run() -> None:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            s.bind((lab.addr_b, port))
+            s.settimeout(0.1)
+            ready.set()
+            while not self.stop_flag.is_set():
+                try:
+                    data, anc, _, _ = s.recvmsg(256, 256)
+                except TimeoutError:
+                    continue
+                for lvl, typ, d in anc:
+                    if lvl == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(data) >= 8:
+                        sec, nsec = struct.unpack("qq", d[:16])
+                        self.got.append(sec * 1_000_000_000 + nsec
+                                        - struct.unpack("!Q", data[:8])[0])
+            s.close()
+
+        self.thread = threading.Thread(target=in_netns, args=(lab.ns_b, run), daemon=True)
+        self.thread.start()
+        ready.wait(5)
+
+
+def advanced_latency(lab: Lab, stub) -> dict[int, list[float]]:
+    """One-way latency through chains with 0, 1 and 2 dpi functions, interleaved rounds."""
+    flow = lab.flow(47000, 9700)
+    stub.SetFlowClass(na.SetFlowClassRequest(action_id="adv-f", rule=na.FlowClassRule(
+        interface_name=lab.if_a, flow=flow, class_id=GAMING)), timeout=5)
+    mark = na.ChainFunction(name="mark", kind=na.FUNCTION_KIND_BASIC, params={"dscp": "10"})
+    dpi = na.ChainFunction(name="dpi", kind=na.FUNCTION_KIND_ADVANCED,
+                           params={"pattern": "GAMEINPUT", "dscp": "46"})
+    rx = OneWayReceiver(lab, 9700)
+    out: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    per_round = max(50, ITERATIONS)
+    try:
+        for r in range(4):
+            for n in (0, 1, 2):
+                stub.SetChain(na.SetChainRequest(action_id=f"adv-{r}-{n}", chain=na.ServiceChain(
+                    chain_id="adv", traffic_class="gaming", functions=[mark] + [dpi] * n)),
+                    timeout=5)
+                time.sleep(0.05)
+                rx.got = []
+                p = pacer(lab, 47000, 9700, interval_us=500, count=per_round,
+                          payload="..GAMEINPUT..")
+                p.wait(60)
+                time.sleep(0.1)
+                out[n].extend(rx.got[5:])  # the first few carry the chain change's warm-up
+    finally:
+        rx.stop_flag.set()
+    return out
 
 
 class RustClient:
@@ -178,6 +254,7 @@ def run(lab: Lab) -> None:
     stub.ApplyQueueHierarchy(
         na.ApplyQueueHierarchyRequest(action_id="h", hierarchy=hierarchy(lab.if_a)), timeout=10
     )
+    pin_agent(lab)
     rust = RustClient(lab, Path(os.environ["CGLOOP_BENCH_CLIENT"]))
     rx = TimedReceiver(lab, 9500)
     sender = pacer(lab, 45000, 9500)
@@ -223,6 +300,8 @@ def run(lab: Lab) -> None:
     finally:
         sender.kill()
         rx.stop_flag.set()
+
+    adv = advanced_latency(lab, stub)
 
     # Class change: the RPC returns after the kernel's netlink ACK, so its round trip is the
     # time until HTB uses the new rate for the next dequeue.
@@ -285,6 +364,8 @@ def run(lab: Lab) -> None:
     rust.close()
 
     print("node-agent benchmark (release agent, gRPC over mTLS on a Unix socket, netns veth)")
+    print(f"agent pinned to CPU {AGENT_CPU}, Rust sender (clock_nanosleep) to CPU {SENDER_CPU}; "
+          f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     print(line("SetFlowClass RPC -> first packet reclassified", flows))
     print(line("  of which inside the agent (apply)", agent_side))
     print(line("Rust client: RPC -> first packet reclassified", rust_flows))
@@ -309,6 +390,17 @@ def run(lab: Lab) -> None:
           f"{'met' if pct(flows, .99) <= 1e6 else 'NOT met'}, Rust client "
           f"{'met' if pct(rust_flows, .99) <= 1e6 else 'NOT met'}; "
           f"class change p99 <= 10 ms: {'met' if pct(rates, .99) <= 1e7 else 'NOT met'}")
+    print(line("one-way latency, chain [mark] (BPF only)", adv[0]))
+    print(line("  [mark, dpi] (1 advanced, AF_XDP)", adv[1]))
+    print(line("  [mark, dpi, dpi] (2 advanced)", adv[2]))
+    for q, name in ((.5, "p50"), (.99, "p99")):
+        first = (pct(adv[1], q) - pct(adv[0], q)) / 1e3
+        marginal = (pct(adv[2], q) - pct(adv[1], q)) / 1e3
+        print(f"added latency {name}: first advanced function (AF_XDP hand-over + dpi) "
+              f"{first:.1f} us, each further one {marginal:.1f} us; ratio to the CALVIN budget "
+              f"({ADV_BUDGET_US:.0f} us each): {first / ADV_BUDGET_US:.2f} / "
+              f"{marginal / ADV_BUDGET_US:.2f}; chain with/without advanced: "
+              f"{pct(adv[1], q) / pct(adv[0], q):.2f}")
     lost = ITERATIONS * 3 - len(flows) - len(chains) - len(rust_flows)
     if lost:
         print(f"warning: {lost} changes never showed on packets within 1 s")

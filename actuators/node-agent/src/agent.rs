@@ -987,6 +987,16 @@ impl Agent {
     }
 }
 
+impl crate::nodes::Source for Agent {
+    fn node_state(&self) -> Option<NodeState> {
+        self.lock().read_state().map_err(|e| tracing::warn!("node sample: {e}")).ok()
+    }
+
+    fn power_cores(&self) -> Vec<CoreSample> {
+        self.lock().power.state(&[]).map(|r| r.cores).unwrap_or_default()
+    }
+}
+
 impl Inner {
     /// Re-applies a journal's desired state; returns a warning per item that failed.
     fn restore(&mut self, d: &NodeState) -> Vec<String> {

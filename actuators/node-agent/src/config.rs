@@ -134,6 +134,10 @@ pub struct Config {
     /// How long the AF_XDP worker spins for the next frame before it sleeps in poll(2), in µs
     /// (0 = always sleep: least CPU, most wake-up latency).
     pub advanced_busy_poll_us: u64,
+    /// Node samples (CPU, power, chain function counters) to Kafka every this many ms when
+    /// `kafka_bootstrap` is set; 0 = none.
+    pub node_sample_interval_ms: u64,
+    pub node_topic: String,
 }
 
 impl Default for Config {
@@ -153,6 +157,8 @@ impl Default for Config {
             probe_export_delay_ms: 10,
             advanced_port: "cglxdp0".into(),
             advanced_busy_poll_us: 200,
+            node_sample_interval_ms: 1000,
+            node_topic: "cgloop.nodes.v1".into(),
         }
     }
 }
@@ -184,6 +190,10 @@ impl Config {
         anyhow::ensure!(
             !self.advanced_port.is_empty() && self.advanced_port.len() <= 14,
             "advanced_port must have 1..14 characters (its peer adds \"p\")"
+        );
+        anyhow::ensure!(
+            self.node_sample_interval_ms == 0 || self.node_sample_interval_ms >= 10,
+            "node_sample_interval_ms must be 0 (off) or ≥ 10"
         );
         anyhow::ensure!(self.advanced_busy_poll_us <= 100_000, "advanced_busy_poll_us must be ≤ 100000");
         anyhow::ensure!(

@@ -12,6 +12,7 @@ pub mod datapath;
 pub mod error;
 pub mod export;
 pub mod journal;
+pub mod nodes;
 pub mod payload;
 pub mod power_glue;
 pub mod probes;

@@ -114,11 +114,22 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
         )?)
     };
     let probes = Probes::new(config.node_id.clone(), sink);
+    let samples = (!config.kafka_bootstrap.is_empty() && config.node_sample_interval_ms > 0).then(|| {
+        (
+            config.kafka_bootstrap.clone(),
+            config.node_topic.clone(),
+            config.node_id.clone(),
+            Duration::from_millis(config.node_sample_interval_ms),
+        )
+    });
     let (agent, warnings) = Agent::start(config, power, probes)?;
     for w in &warnings {
         tracing::warn!("{w}");
     }
     let agent = Arc::new(agent);
+    if let Some((bootstrap, topic, node_id, interval)) = samples {
+        cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone())?;
+    }
     let result = run_server(agent.clone(), listen, tls);
     // Whatever ended the server (signal or error): what was acknowledged goes to the journal.
     agent.shutdown();

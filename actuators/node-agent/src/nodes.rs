@@ -1,0 +1,216 @@
+//! Node samples to Kafka (`cgloop.nodes.v1`, one `NodeSampleBatch` per message, key = node
+//! id): every `node_sample_interval_ms` the agent reads per-core CPU time from `/proc/stat`
+//! (utilization = busy share of the interval), the cpufreq/cpuidle state of the cores where the
+//! node has them, and the packet counters of every chain function (BPF and AF_XDP) from its own
+//! state. The analytics overload detector reads `cores[].utilization` and
+//! `functions[].packets` (analytics/src/cgloop/analytics/detectors/overload.py).
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use cgloop_proto::v1::{CoreSample, FunctionCounters, NodeSample, NodeSampleBatch, NodeState, RecordHeader};
+use prost::Message;
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord};
+
+/// Busy and total jiffies of one CPU (`cpuN` line of /proc/stat).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub busy: u64,
+    pub total: u64,
+}
+
+/// Parses the `cpuN` lines of /proc/stat (the aggregate `cpu` line is skipped). idle and
+/// iowait count as not busy; guest time is already inside user/nice.
+pub fn parse_proc_stat(text: &str) -> Result<BTreeMap<u32, CpuTimes>> {
+    let mut out = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut it = line.split_whitespace();
+        let Some(name) = it.next() else { continue };
+        let Some(cpu) = name.strip_prefix("cpu").filter(|s| !s.is_empty()) else { continue };
+        let cpu: u32 = cpu.parse().with_context(|| format!("/proc/stat line {}: cpu {cpu:?}", n + 1))?;
+        let v: Vec<u64> = it
+            .take(8)
+            .map(|x| x.parse::<u64>())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("/proc/stat line {}: {line:?}", n + 1))?;
+        anyhow::ensure!(v.len() >= 4, "/proc/stat line {}: fewer than 4 times in {line:?}", n + 1);
+        let total: u64 = v.iter().sum();
+        let idle = v[3] + v.get(4).copied().unwrap_or(0);
+        out.insert(cpu, CpuTimes { busy: total - idle.min(total), total });
+    }
+    anyhow::ensure!(!out.is_empty(), "/proc/stat has no cpuN lines");
+    Ok(out)
+}
+
+/// Busy share of each CPU between two readings (0..1; a CPU without progress reads 0).
+pub fn utilization(prev: &BTreeMap<u32, CpuTimes>, cur: &BTreeMap<u32, CpuTimes>) -> BTreeMap<u32, f64> {
+    cur.iter()
+        .map(|(&cpu, c)| {
+            let p = prev.get(&cpu).copied().unwrap_or_default();
+            let total = c.total.saturating_sub(p.total);
+            let busy = c.busy.saturating_sub(p.busy);
+            (cpu, if total == 0 { 0.0 } else { (busy as f64 / total as f64).clamp(0.0, 1.0) })
+        })
+        .collect()
+}
+
+/// Chain functions of a node state as counters, summed per function name (the detector's
+/// capacities are per name).
+pub fn functions(state: &NodeState) -> Vec<FunctionCounters> {
+    let mut by_name: BTreeMap<String, FunctionCounters> = BTreeMap::new();
+    for chain in &state.chains {
+        for f in &chain.functions {
+            let e = by_name.entry(f.name.clone()).or_insert_with(|| FunctionCounters {
+                function_name: f.name.clone(),
+                core: f.core,
+                ..Default::default()
+            });
+            e.packets += f.packets;
+            e.forwarded_packets += f.packets.saturating_sub(f.dropped_packets);
+        }
+    }
+    by_name.into_values().collect()
+}
+
+/// Builds one sample from the CPU utilization, the power module's cores (may be empty) and the
+/// agent's state.
+pub fn sample(
+    node_id: &str,
+    sequence: u64,
+    util: &BTreeMap<u32, f64>,
+    power_cores: &[CoreSample],
+    state: &NodeState,
+) -> NodeSample {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let cores = util
+        .iter()
+        .map(|(&core, &u)| {
+            let mut c = power_cores.iter().find(|p| p.core == core).cloned().unwrap_or(CoreSample {
+                core,
+                ..Default::default()
+            });
+            c.utilization = u;
+            c
+        })
+        .collect();
+    NodeSample {
+        header: Some(RecordHeader {
+            schema_version: cgloop_proto::SCHEMA_VERSION,
+            source_id: format!("{node_id}/node-agent"),
+            sequence,
+            timestamp_ns: now,
+        }),
+        node_id: node_id.to_string(),
+        cores,
+        functions: functions(state),
+        power_watts: None,
+        energy_joules: None,
+    }
+}
+
+/// What the sampler needs from the agent.
+pub trait Source: Send + Sync + 'static {
+    fn node_state(&self) -> Option<NodeState>;
+    fn power_cores(&self) -> Vec<CoreSample>;
+}
+
+/// Starts the sampler thread: one sample every `interval` to `topic`.
+pub fn start(
+    bootstrap: &str,
+    topic: &str,
+    node_id: &str,
+    interval: Duration,
+    source: Arc<dyn Source>,
+) -> Result<()> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", format!("{node_id}-nodes"))
+        .set("linger.ms", "0")
+        .create()
+        .with_context(|| format!("creating the Kafka producer for node samples ({bootstrap})"))?;
+    let (topic, node_id) = (topic.to_string(), node_id.to_string());
+    std::thread::Builder::new()
+        .name("node-samples".into())
+        .spawn(move || {
+            let read = || std::fs::read_to_string("/proc/stat").map_err(anyhow::Error::from).and_then(|t| parse_proc_stat(&t));
+            let mut prev = read().unwrap_or_default();
+            let mut seq = 0u64;
+            loop {
+                std::thread::sleep(interval);
+                let cur = match read() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("node sample: {e:#}");
+                        continue;
+                    }
+                };
+                let util = utilization(&prev, &cur);
+                prev = cur;
+                let state = source.node_state().unwrap_or_default();
+                seq += 1;
+                let s = sample(&node_id, seq, &util, &source.power_cores(), &state);
+                let payload = NodeSampleBatch { records: vec![s] }.encode_to_vec();
+                let headers = OwnedHeaders::new()
+                    .insert(Header { key: "cgloop-type", value: Some("cgloop.v1.NodeSampleBatch") })
+                    .insert(Header {
+                        key: "cgloop-schema-version",
+                        value: Some(cgloop_proto::SCHEMA_VERSION.to_string().as_str()),
+                    });
+                let record = BaseRecord::to(&topic).key(node_id.as_str()).payload(&payload).headers(headers);
+                if let Err((e, _)) = producer.send(record) {
+                    tracing::warn!("node sample {seq} not queued for Kafka: {e}");
+                }
+                producer.poll(Duration::ZERO);
+            }
+        })
+        .context("starting the node sampler thread")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cgloop_proto::v1::{ChainFunction, ServiceChain};
+
+    const STAT: &str = "cpu  10 0 10 80 0 0 0 0 0 0\n\
+                        cpu0 5 0 5 40 0 0 0 0 0 0\n\
+                        cpu1 5 0 5 40 0 0 0 0 0 0\n\
+                        intr 1 2 3\nctxt 99\n";
+
+    #[test]
+    fn utilization_is_the_busy_share_of_the_interval() {
+        let a = parse_proc_stat(STAT).unwrap();
+        assert_eq!(a[&0], CpuTimes { busy: 10, total: 50 });
+        let b = parse_proc_stat(&STAT.replace("cpu1 5 0 5 40", "cpu1 35 0 5 50")).unwrap();
+        let u = utilization(&a, &b);
+        assert_eq!(u[&0], 0.0);
+        assert!((u[&1] - 0.75).abs() < 1e-9, "{u:?}"); // 30 busy of 40
+        assert!(parse_proc_stat("cpu0 1 x 3 4").unwrap_err().to_string().contains("line 1"));
+        assert!(parse_proc_stat("intr 1").is_err());
+    }
+
+    #[test]
+    fn functions_are_summed_per_name_with_forwarded_packets() {
+        let f = |name: &str, packets, dropped| ChainFunction {
+            name: name.into(),
+            packets,
+            dropped_packets: dropped,
+            ..Default::default()
+        };
+        let state = NodeState {
+            chains: vec![
+                ServiceChain { functions: vec![f("acl", 10, 4), f("dpi", 6, 1)], ..Default::default() },
+                ServiceChain { functions: vec![f("dpi", 4, 0)], ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let s = sample("n1", 7, &BTreeMap::from([(0, 0.5)]), &[], &state);
+        assert_eq!(s.header.as_ref().map(|h| (h.sequence, h.source_id.as_str())), Some((7, "n1/node-agent")));
+        assert_eq!(s.cores[0].utilization, 0.5);
+        let dpi = s.functions.iter().find(|f| f.function_name == "dpi").unwrap();
+        assert_eq!((dpi.packets, dpi.forwarded_packets), (10, 9));
+    }
+}
