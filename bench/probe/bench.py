@@ -589,16 +589,24 @@ def main() -> None:
                         )
             if 4 in sections:
                 print("\n4. Export rate (100 k flows refreshed by a looping replay)")
-                rate, records = export_rate(binary, pcaps[100_000], args.export_seconds)
-                print(f"  {records} records, {rate:,.0f} records per exporter CPU second")
-                line = f"  export records per exporter CPU second: {rate:,.0f} (≥ 200,000)"
+                rates = []
+                for _ in range(args.repeats):
+                    rate, records = export_rate(binary, pcaps[100_000], args.export_seconds)
+                    rates.append(rate)
+                    print(f"  {records} records, {rate:,.0f} records per exporter CPU second")
+                rates.sort()
+                rate = rates[len(rates) // 2]
+                spread = f"{rates[0]:,.0f}-{rates[-1]:,.0f}"
+                line = (f"  export records per exporter CPU second: median {rate:,.0f} of "
+                        f"{len(rates)} runs ({spread}; ≥ 200 k)")  # fmt: skip
                 if args.baseline is not None:
                     old, old_records = export_rate(args.baseline, pcaps[100_000],
                                                    args.export_seconds)  # fmt: skip
                     print(f"  baseline: {old_records} records, {old:,.0f} records per exporter "
                           f"CPU second; cgloop / baseline {rate / old:.2f}x")  # fmt: skip
                     line += f", {rate / old:.2f}x the baseline"
-                summary.append(line + f" -> {'met' if rate >= 200_000 else 'NOT met'}")
+                verdict = "met" if rates[0] >= 200_000 else "NOT met in every run"
+                summary.append(line + f" -> {verdict}")
     finally:
         netns_down()
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
