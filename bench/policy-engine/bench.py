@@ -19,7 +19,9 @@ Figures and the baselines they are compared with, side by side in the same run:
 from __future__ import annotations
 
 import math
+import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -299,16 +301,72 @@ def bench_decide(seconds: float = 5.0) -> None:
 # --- decision latency through Kafka -------------------------------------------------------------
 
 
+def passthrough(bootstrap: str, group: str) -> None:
+    """Baseline worker (own process): every detection labelled `passthrough` becomes a NOTIFY
+    action at once, no policy logic, no journal; the same draining and commits as the
+    engine's service loop (up to 64 messages per flush)."""
+    from cgloop.bus.kafka import BatchConsumer, BatchProducer
+    from cgloop.contracts import SCHEMA_VERSION
+    from cgloop.v1 import action_pb2 as apb
+    from cgloop.v1.common_pb2 import RecordHeader
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    consumer = BatchConsumer(bootstrap, group, ["cgloop.detections.v1"])
+    producer = BatchProducer(bootstrap, client_id="bench-pass")
+    print("passthrough: ready", flush=True)
+    seq = 0
+    while not stop.is_set():
+        items = []
+        item = consumer.poll(0.05)
+        while item is not None:
+            items.append(item)
+            item = consumer.poll(0.001) if len(items) < 64 else None
+        if not items:
+            continue
+        out = apb.ActionBatch()
+        for d in (r for it in items for r in it[1].records):
+            if d.labels.get("bench") != "passthrough":
+                continue
+            seq += 1
+            out.events.add().action.CopyFrom(
+                apb.Action(
+                    header=RecordHeader(
+                        schema_version=SCHEMA_VERSION,
+                        source_id="bench-passthrough",
+                        sequence=seq,
+                        timestamp_ns=time.time_ns(),
+                    ),
+                    id=str(uuid.uuid4()),
+                    reason_detection_ids=[d.id],
+                    operation=apb.ACTION_OPERATION_NOTIFY,
+                    state=apb.ACTION_STATE_PROPOSED,
+                )
+            )
+        if out.events:
+            producer.send("cgloop.actions.v1", out, key="pass")
+            producer.flush()
+        for msg in {it[2].partition(): it[2] for it in items}.values():
+            consumer.commit(msg)
+    consumer.close()
+
+
 def bench_kafka(seconds: float = 5.0) -> None:
+    """Detections produced -> action records consumed, the engine being `cgloop policy run`
+    (its own process, as deployed: pipelined service, group-committed fsync journal, applies
+    over gRPC to an in-memory node agent in a third process, verification feed on)."""
+    import yaml
     from cgloop.bus.kafka import BatchConsumer, BatchProducer
     from cgloop.config import Settings
-    from cgloop.policy import service
     from cgloop.stack.stack import Stack
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from cgloop.testing import free_port  # the project's own free-port helper
 
-    print(f"\n== Detection -> action through Kafka at {RATE} detections/s ({seconds:g} s)")
+    print(
+        f"\n== Detection -> action through Kafka at {RATE} detections/s "
+        f"({seconds:g} s, first 1 s dropped)"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="cgloop-bench-policy-"))
     settings = Settings(
         state_dir=tmp,
@@ -316,21 +374,57 @@ def bench_kafka(seconds: float = 5.0) -> None:
         kafka_controller_port=free_port(),
         store_port=free_port(),
     )
-    stack = Stack(settings)
+    stack = Stack(settings, sink=False)  # the store is not measured here
     status = stack.up()
     if not status.healthy:
         raise SystemExit(f"stack did not come up: {status.as_dict()}")
     bootstrap = settings.bootstrap_servers
+    env = {**os.environ, "CGLOOP_STATE_DIR": str(tmp), "CGLOOP_KAFKA_BOOTSTRAP": bootstrap}
+    # The shipped policies, matching only this benchmark's engine detections.
+    policy_dir = tmp / "policies"
+    policy_dir.mkdir()
+    for p in policies():
+        data = p.model_dump(mode="json", exclude_defaults=True)
+        data["match"].setdefault("labels", {})["bench"] = "engine"
+        (policy_dir / f"{p.id}.yaml").write_text(yaml.safe_dump(data))
     try:
         run = uuid.uuid4().hex
         n = int(RATE * seconds)
 
-        def measure(worker_target, label: str) -> list[float]:
+        def start(cmd: list[str], ready: str) -> tuple[subprocess.Popen, str]:
+            """Start a worker process; returns it and its first output line containing `ready`."""
+            proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if ready in line:
+                    break
+            else:
+                raise SystemExit(f"{cmd[:3]} exited before it was ready")
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain its output
+            return proc, line.strip()
+
+        def wait_assigned(group: str, timeout_s: float = 60) -> None:
+            """Until the worker's consumer group is stable with partitions assigned."""
+            from confluent_kafka import ConsumerGroupState
+            from confluent_kafka.admin import AdminClient
+
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                (future,) = admin.describe_consumer_groups([group]).values()
+                desc = future.result(10)
+                if desc.state == ConsumerGroupState.STABLE and any(
+                    m.assignment.topic_partitions for m in desc.members
+                ):
+                    return
+                time.sleep(0.2)
+            raise SystemExit(f"consumer group {group} not stable after {timeout_s} s")
+
+        def measure(proc: subprocess.Popen, label: str, group: str) -> list[float]:
             dets = workload(n, seed=hash(label) & 0xFFFF)
-            stop = threading.Event()
-            worker = threading.Thread(target=worker_target, args=(stop,), daemon=True)
-            worker.start()
-            time.sleep(5)  # consumer group join
+            wait_assigned(group)
             audit = BatchConsumer(
                 bootstrap,
                 f"bench-audit-{label}-{run}",
@@ -359,9 +453,9 @@ def bench_kafka(seconds: float = 5.0) -> None:
             collector = threading.Thread(target=collect, daemon=True)
             collector.start()
             producer = BatchProducer(bootstrap, client_id=f"bench-{label}", **{"linger.ms": 0})
-            start = time.perf_counter_ns()
+            begin = time.perf_counter_ns()
             for i in range(0, n, BATCH):
-                due = start + i * 1_000_000_000 // RATE
+                due = begin + i * 1_000_000_000 // RATE
                 while (now := time.perf_counter_ns()) < due:
                     time.sleep(max(0, (due - now) / 1e9 - 0.0001))
                 batch = dpb.DetectionBatch(records=dets[i : i + BATCH])
@@ -375,80 +469,48 @@ def bench_kafka(seconds: float = 5.0) -> None:
             producer.flush()
             producing.clear()
             collector.join(60)
-            latencies = [t - sent[d] for t, d in received if d in sent]
-            stop.set()
-            worker.join(30)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
             audit.close()
-            return latencies
+            # Drop the first second (warm-up, as in `decide`): group joins and first fetches.
+            warm = {d.id for d in dets[:RATE]}
+            return [t - sent[d] for t, d in received if d in sent and d not in warm]
 
-        def engine_worker(stop: threading.Event) -> None:
-            engine = Engine(
-                [
-                    p.model_copy(
-                        update={
-                            "match": p.match.model_copy(
-                                update={"labels": {**p.match.labels, "bench": "engine"}}
-                            )
-                        }
-                    )
-                    for p in policies()
-                ],
-                NotifyActuator(),
-                journal=Journal(tmp / f"journal-{run}.jsonl", fsync=True),
-                budget=Budget(1_000_000, 1),
-                source_id="bench-engine",
-            )
-            service.run(engine, bootstrap, stop, group_id=f"bench-engine-{run}")
-
-        def passthrough_worker(stop: threading.Event) -> None:
-            """Baseline: turn every detection into a NOTIFY action with no policy logic at all."""
-            from cgloop.contracts import SCHEMA_VERSION
-            from cgloop.v1 import action_pb2 as apb
-            from cgloop.v1.common_pb2 import RecordHeader
-
-            consumer = BatchConsumer(bootstrap, f"bench-pass-{run}", ["cgloop.detections.v1"])
-            producer = BatchProducer(bootstrap, client_id="bench-pass")
-            seq = 0
-            while not stop.is_set():
-                # Same draining as the engine's service loop: up to 64 messages per flush/commit.
-                items = []
-                item = consumer.poll(0.05)
-                while item is not None:
-                    items.append(item)
-                    item = consumer.poll(0.001) if len(items) < 64 else None
-                if not items:
-                    continue
-                out = apb.ActionBatch()
-                for d in (r for it in items for r in it[1].records):
-                    if d.labels.get("bench") != "passthrough":
-                        continue
-                    seq += 1
-                    out.events.add().action.CopyFrom(
-                        apb.Action(
-                            header=RecordHeader(
-                                schema_version=SCHEMA_VERSION,
-                                source_id="bench-passthrough",
-                                sequence=seq,
-                                timestamp_ns=time.time_ns(),
-                            ),
-                            id=str(uuid.uuid4()),
-                            reason_detection_ids=[d.id],
-                            operation=apb.ACTION_OPERATION_NOTIFY,
-                            state=apb.ACTION_STATE_PROPOSED,
-                        )
-                    )
-                if out.events:
-                    producer.send("cgloop.actions.v1", out, key="pass")
-                    producer.flush()
-                last = {it[2].partition(): it[2] for it in items}
-                for msg in last.values():
-                    consumer.commit(msg)
-            consumer.close()
-
-        lat_engine = measure(engine_worker, "engine")
-        lat_pass = measure(passthrough_worker, "passthrough")
-        print(f"engine (decisions with an action record): {dist(lat_engine)}")
-        print(f"pass-through baseline (every detection):  {dist(lat_pass)}")
+        agent, agent_address = start([sys.executable, "-c", AGENT_SCRIPT], ":")  # its address
+        profile = os.environ.get("BENCH_PROFILE")  # FILE: cProfile the engine's main thread
+        engine, _ = start(
+            [
+                *([sys.executable, "-m", "cProfile", "-o", profile] if profile else []),
+                str(Path(sys.executable).parent / "cgloop"),
+                "policy",
+                "run",
+                str(policy_dir),
+                "--agent",
+                f"node-a={agent_address}",
+                "--journal",
+                str(tmp / "journal.jsonl"),
+                "--budget",
+                "1000000",
+                "--budget-window",
+                "1",
+                "--group",
+                f"bench-engine-{run}",
+                "--source-id",
+                "bench-engine",
+            ],
+            "policy engine:",
+        )
+        lat_engine = measure(engine, "engine", f"bench-engine-{run}")
+        assert agent.stdin is not None
+        agent.stdin.close()
+        agent.wait(10)
+        pass_proc, _ = start(
+            [sys.executable, __file__, "_passthrough", bootstrap, f"bench-pass-{run}"],
+            "passthrough: ready",
+        )
+        lat_pass = measure(pass_proc, "passthrough", f"bench-pass-{run}")
+        print(f"engine, cgloop policy run (decisions with an action record): {dist(lat_engine)}")
+        print(f"pass-through baseline (every detection):                     {dist(lat_pass)}")
         print(
             f"  ratio engine/pass-through: p50 {pct(lat_engine, 0.5) / pct(lat_pass, 0.5):.2f}x, "
             f"p99 {pct(lat_engine, 0.99) / pct(lat_pass, 0.99):.2f}x"
@@ -458,6 +520,9 @@ def bench_kafka(seconds: float = 5.0) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["_passthrough"]:
+        passthrough(*sys.argv[2:4])
+        return
     which = sys.argv[1:] or ["planners", "decide", "kafka"]
     if "planners" in which:
         bench_planners()

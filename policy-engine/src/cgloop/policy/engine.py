@@ -286,14 +286,19 @@ class Engine:
             self._seen[det.id] = None
             if len(self._seen) > self.remember_detections:
                 self._seen.popitem(last=False)
+        candidates = self._by_kind.get(dets.kind_of(det))
+        if not candidates:
+            self.stats.unmatched += 1
+            return
         subject = dets.subject_of(det)
-        skey = dets.subject_key(det)
+        skey = ""  # built only for a policy that matches (most detections match none)
         now = self.clock()
         acted = False
-        for p in self._by_kind.get(dets.kind_of(det), ()):
+        for p in candidates:
             m = self._matches(p, det, subject)
             if m is None:
                 continue
+            skey = skey or dets.subject_key(det)
             trig = self._triggers.setdefault((p.id, skey), _Trigger())
             if not m:
                 trig.count = 0  # recovered below the bar: hysteresis starts again
