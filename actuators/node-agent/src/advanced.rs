@@ -93,7 +93,10 @@ impl Advanced {
     /// Creates (or recreates) the veth port, wires the BPF programs, binds the AF_XDP socket
     /// and starts the worker. `busy_poll_us`: how long the worker spins for the next frame
     /// before it sleeps in poll(2) (0 = always sleep).
-    pub fn start(dp: &Datapath, port_name: &str, busy_poll_us: u64) -> Result<Self> {
+    /// `rt_priority` > 0 runs the worker SCHED_FIFO at that priority, so a busy node's other
+    /// processes cannot hold a frame in the ring for a whole time slice (a failure to get it is
+    /// logged and the worker runs as a normal thread).
+    pub fn start(dp: &Datapath, port_name: &str, busy_poll_us: u64, rt_priority: u32) -> Result<Self> {
         let peer_name = format!("{port_name}p");
         let mut rtnl = Rtnl::open().context("rtnetlink")?;
         if let Ok(old) = crate::agent::ifindex(port_name) {
@@ -117,7 +120,19 @@ impl Advanced {
             let (table, stats, stop) = (table.clone(), stats.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("cgl-afxdp".into())
-                .spawn(move || worker(xsk, table, stats, stop, Duration::from_micros(busy_poll_us)))
+                .spawn(move || {
+                    if rt_priority > 0 {
+                        let param = libc::sched_param { sched_priority: rt_priority as i32 };
+                        // SAFETY: plain syscall on the calling thread with a valid param.
+                        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+                            tracing::warn!(
+                                "AF_XDP worker stays SCHED_OTHER: SCHED_FIFO {rt_priority}: {}",
+                                std::io::Error::last_os_error()
+                            );
+                        }
+                    }
+                    worker(xsk, table, stats, stop, Duration::from_micros(busy_poll_us))
+                })
                 .context("starting the AF_XDP worker")?
         };
         Ok(Self { port, peer, table, stats, stop, worker: Some(worker) })

@@ -498,6 +498,7 @@ impl Inner {
                     &self.dp,
                     &self.config.advanced_port,
                     self.config.advanced_busy_poll_us,
+                    self.config.advanced_rt_priority,
                 )
                 .map_err(|e| AgentError::Kernel(e.context("starting the AF_XDP runtime of advanced functions")))?;
                 self.advanced = Some(started);

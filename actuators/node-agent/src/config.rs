@@ -134,6 +134,8 @@ pub struct Config {
     /// How long the AF_XDP worker spins for the next frame before it sleeps in poll(2), in µs
     /// (0 = always sleep: least CPU, most wake-up latency).
     pub advanced_busy_poll_us: u64,
+    /// SCHED_FIFO priority of the AF_XDP worker (1..99); 0 = a normal thread.
+    pub advanced_rt_priority: u32,
     /// Node samples (CPU, power, chain function counters) to Kafka every this many ms when
     /// `kafka_bootstrap` is set; 0 = none.
     pub node_sample_interval_ms: u64,
@@ -157,6 +159,7 @@ impl Default for Config {
             probe_export_delay_ms: 10,
             advanced_port: "cglxdp0".into(),
             advanced_busy_poll_us: 200,
+            advanced_rt_priority: 10,
             node_sample_interval_ms: 1000,
             node_topic: "cgloop.nodes.v1".into(),
         }
@@ -195,6 +198,7 @@ impl Config {
             self.node_sample_interval_ms == 0 || self.node_sample_interval_ms >= 10,
             "node_sample_interval_ms must be 0 (off) or ≥ 10"
         );
+        anyhow::ensure!(self.advanced_rt_priority <= 99, "advanced_rt_priority must be 0..99");
         anyhow::ensure!(self.advanced_busy_poll_us <= 100_000, "advanced_busy_poll_us must be ≤ 100000");
         anyhow::ensure!(
             (1..=10_000).contains(&self.probe_export_delay_ms),
