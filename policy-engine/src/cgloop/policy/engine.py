@@ -397,8 +397,15 @@ class Engine:
         else:
             refusal = None
         action.id = str(uuid.uuid5(ID_NAMESPACE, f"{p.id}|{det.id}|{tkey}"))
-        if self.journal.get(action.id) is not None:
+        known = self.journal.get(action.id)
+        if known is not None:
             self.stats.skipped_known += 1  # decided before a restart: never twice
+            # Its offset was not committed, so its events may not have reached the bus before
+            # the restart: announce them again, unchanged (same header sequence, so the store
+            # counts them once).
+            self._outbox.append((self.journal.seq, apb.ActionEvent(action=known.action)))
+            if known.result is not None:
+                self._outbox.append((self.journal.seq, apb.ActionEvent(result=known.result)))
             return
         proposal = Proposal(
             action.id,
