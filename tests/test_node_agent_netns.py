@@ -465,6 +465,19 @@ def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab)
             "gaming", ("transcode", adv, {}))), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
+    # A killed agent leaves its AF_XDP port behind; the restarted one replaces it and restores
+    # the chain (prefix in BPF, dpi in user space) from its journal.
+    stub.GetState(na.GetStateRequest(), timeout=10)  # durability barrier
+    lab.kill()
+    lab.start()
+    stub = lab.stub()
+    rx = Receiver(lab, 9300)
+    lab.send(43000, 9300, 20, payload=b"SEQ")
+    got = rx.stop()
+    assert len(got) == 20 and {d for _, d in got} == {20}, got
+    fns = stub.GetState(na.GetStateRequest(), timeout=10).state.chains[0].functions
+    assert [f.name for f in fns] == ["mark", "dpi"] and fns[1].packets == 20
+
 
 def test_impairment_drops_about_the_configured_fraction(lab):
     stub = lab.stub()
