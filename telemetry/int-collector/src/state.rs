@@ -16,7 +16,7 @@
 //! * PERIODIC: each flow with reports since its last record, every `summary_interval`.
 //!   Flows idle for `flow_timeout` are forgotten.
 
-use crate::parse::metadata::{CompactHop, HAS_QUEUE, HAS_TX_UTIL};
+use crate::parse::metadata::{CompactHop, HAS_LATENCY, HAS_QUEUE, HAS_TX_UTIL};
 use crate::parse::{FlowKey, HopMetadata, Report};
 use cgloop_proto::v1::{
     int_record, FiveTuple, IntDropRecord, IntEventReason, IntFlowRecord, IntHop, IntQueueRecord,
@@ -66,56 +66,109 @@ impl Default for EventConfig {
     }
 }
 
-/// One hop's latest metadata, compact (40 B instead of the parser's ~120 B of `Option`s),
-/// decoded straight from the stack by the parser's plan.
+/// One hop's latest metadata, compact, decoded straight from the stack by the parser's plan.
 type Md = CompactHop;
 
-/// Per-hop state: latest metadata plus the quantised values last exported (the change
-/// baseline; `EXP_*` bits say whether a baseline exists).
+/// Per-hop state the event rules read on every report (24 B): switch id, the latest latency
+/// and queue occupancy, the quantised values last exported (the change baseline; `EXP_*` bits
+/// of `has` say whether a baseline exists). Kept apart from [`ColdHop`] so a report of a
+/// 4-hop flow *loads* ~2 cache lines of hop state instead of 4-5 (the profile's top cost was
+/// the first touch of each hop slot: 10 000 flows do not fit the cache).
 #[derive(Debug, Clone, Copy, Default)]
-struct HopSlot {
-    md: Md,
+struct HotHop {
+    node: u32,
+    latency: u32,
+    queue_occ: u32,
     exported_latency: u32,
     exported_queue: u32,
+    has: u8,
+}
+
+/// The rest of a hop's latest metadata: only written per report, read when a record leaves.
+#[derive(Debug, Clone, Copy, Default)]
+struct ColdHop {
+    ingress_ts: u64,
+    egress_ts: u64,
+    tx_util: u32,
+    l2_ingress_port: u32,
+    l2_egress_port: u32,
+    buffer_occ: u32,
+    ingress_port: u16,
+    egress_port: u16,
+    queue_id: u8,
+    buffer_id: u8,
+}
+
+impl ColdHop {
+    #[inline]
+    fn of(md: &Md) -> ColdHop {
+        ColdHop {
+            ingress_ts: md.ingress_ts,
+            egress_ts: md.egress_ts,
+            tx_util: md.tx_util,
+            l2_ingress_port: md.l2_ingress_port,
+            l2_egress_port: md.l2_egress_port,
+            buffer_occ: md.buffer_occ,
+            ingress_port: md.ingress_port,
+            egress_port: md.egress_port,
+            queue_id: md.queue_id,
+            buffer_id: md.buffer_id,
+        }
+    }
 }
 
 const EXP_LATENCY: u8 = 0x40;
 const EXP_QUEUE: u8 = 0x80;
 
-impl HopSlot {
+impl HotHop {
+    /// A hop first seen: its values, no baseline yet.
+    #[inline]
+    fn fresh(md: &Md) -> HotHop {
+        HotHop {
+            node: md.node,
+            latency: md.latency,
+            queue_occ: md.queue_occ,
+            exported_latency: 0,
+            exported_queue: 0,
+            has: md.has & !(EXP_LATENCY | EXP_QUEUE),
+        }
+    }
     /// New latest values, keeping the exported baseline.
     #[inline]
     fn update(&mut self, md: &Md) {
-        let exp = self.md.has & (EXP_LATENCY | EXP_QUEUE);
-        self.md = *md;
-        self.md.has = (md.has & !(EXP_LATENCY | EXP_QUEUE)) | exp;
+        let exp = self.has & (EXP_LATENCY | EXP_QUEUE);
+        self.node = md.node;
+        self.latency = md.latency;
+        self.queue_occ = md.queue_occ;
+        self.has = (md.has & !(EXP_LATENCY | EXP_QUEUE)) | exp;
     }
     #[inline]
     fn exported_latency(&self) -> Option<u32> {
-        (self.md.has & EXP_LATENCY != 0).then_some(self.exported_latency)
+        (self.has & EXP_LATENCY != 0).then_some(self.exported_latency)
     }
     #[inline]
     fn exported_queue(&self) -> Option<u32> {
-        (self.md.has & EXP_QUEUE != 0).then_some(self.exported_queue)
+        (self.has & EXP_QUEUE != 0).then_some(self.exported_queue)
     }
     /// The current values become the baseline.
     #[inline]
     fn set_baseline(&mut self, lq: u32, qq: u32) {
-        self.md.has &= !(EXP_LATENCY | EXP_QUEUE);
-        if let Some(l) = self.md.latency() {
-            self.exported_latency = quantise(l, lq);
-            self.md.has |= EXP_LATENCY;
+        self.has &= !(EXP_LATENCY | EXP_QUEUE);
+        if self.has & HAS_LATENCY != 0 {
+            self.exported_latency = quantise(self.latency, lq);
+            self.has |= EXP_LATENCY;
         }
-        if let Some(q) = self.md.queue() {
-            self.exported_queue = quantise(q, qq);
-            self.md.has |= EXP_QUEUE;
+        if self.has & HAS_QUEUE != 0 {
+            self.exported_queue = quantise(self.queue_occ, qq);
+            self.has |= EXP_QUEUE;
         }
     }
 }
 
-/// Per-flow state. The small fields the steady state touches come first (`repr(C)`), so a
-/// report of a 4-hop flow touches ~5 cache lines (was ~2 KB per flow with 16 hop slots of the
-/// parser's metadata, see bench/int-collector/README.md).
+/// Per-flow state. The fields every report reads come first (`repr(C)`): flow header, then
+/// the hot hop slots (the path is their switch ids), then the write-mostly cold slots (was
+/// ~2 KB per flow with 16 hop slots of the parser's metadata, then one 64-byte slot per hop
+/// plus a separate path array, see bench/int-collector/README.md).
 #[derive(Debug, Clone)]
 #[repr(C)]
 struct FlowState {
@@ -129,14 +182,19 @@ struct FlowState {
     /// Per-hop (postcard/MX/v0.5) flows are announced after `settle`.
     announced: bool,
     stacked: bool,
-    path: [u32; MAX_HOPS],
-    hops: [HopSlot; MAX_HOPS],
+    hot: [HotHop; MAX_HOPS],
+    cold: [ColdHop; MAX_HOPS],
 }
 
 impl FlowState {
     #[inline]
     fn len(&self) -> usize {
         usize::from(self.len)
+    }
+    #[inline]
+    fn set_hop(&mut self, i: usize, md: &Md) {
+        self.hot[i] = HotHop::fresh(md);
+        self.cold[i] = ColdHop::of(md);
     }
 }
 
@@ -359,8 +417,8 @@ impl State {
                     len: 0,
                     announced: stacked,
                     stacked,
-                    path: [0; MAX_HOPS],
-                    hops: [HopSlot::default(); MAX_HOPS],
+                    hot: [HotHop::default(); MAX_HOPS],
+                    cold: [ColdHop::default(); MAX_HOPS],
                 })
             }
         };
@@ -370,14 +428,12 @@ impl State {
         fs.reporter = r.node_id;
         if stacked {
             fs.stacked = true;
-            let same = fs.len() == hops.len() && hops.iter().zip(&fs.path[..fs.len()]).all(|(h, p)| h.node == *p);
+            let same = fs.len() == hops.len() && hops.iter().zip(&fs.hot[..fs.len()]).all(|(h, p)| h.node == p.node);
             if !same {
                 // `hops` holds at most MAX_HOPS (= 16) entries.
                 fs.len = hops.len() as u8;
                 for (i, h) in hops.iter().enumerate() {
-                    fs.path[i] = h.node;
-                    fs.hops[i] = HopSlot { md: *h, ..HopSlot::default() };
-                    fs.hops[i].md.has &= !(EXP_LATENCY | EXP_QUEUE);
+                    fs.set_hop(i, h);
                 }
                 reason = Some(if is_new { IntEventReason::NewFlow } else { IntEventReason::PathChange });
                 fs.announced = true;
@@ -387,10 +443,8 @@ impl State {
             let h = &hops[hops.len() - 1];
             let id = h.node;
             let n = fs.len();
-            if !fs.path[..n].contains(&id) && n < MAX_HOPS {
-                fs.path[n] = id;
-                fs.hops[n] = HopSlot { md: *h, ..HopSlot::default() };
-                fs.hops[n].md.has &= !(EXP_LATENCY | EXP_QUEUE);
+            if !fs.hot[..n].iter().any(|p| p.node == id) && n < MAX_HOPS {
+                fs.set_hop(n, h);
                 fs.len += 1;
                 if fs.announced {
                     reason = Some(IntEventReason::PathChange);
@@ -406,12 +460,13 @@ impl State {
             let i = if stacked {
                 j
             } else {
-                match fs.path[..n].iter().position(|p| Some(*p) == h.node()) {
+                match fs.hot[..n].iter().position(|p| Some(p.node) == h.node()) {
                     Some(i) => i,
                     None => continue,
                 }
             };
-            let st = &mut fs.hops[i];
+            fs.cold[i] = ColdHop::of(h);
+            let st = &mut fs.hot[i];
             st.update(h);
             if reason.is_some() {
                 continue;
@@ -433,7 +488,7 @@ impl State {
                 reason = Some(IntEventReason::NewFlow);
             } else {
                 // Baselines start from the first values seen.
-                for st in &mut fs.hops[..n] {
+                for st in &mut fs.hot[..n] {
                     st.set_baseline(lq, qq);
                 }
             }
@@ -455,12 +510,12 @@ impl State {
         let header = self.header(now);
         let hop_headers: Vec<_> = if hop_records { (0..len).map(|_| self.header(now)).collect() } else { Vec::new() };
         let fs = self.flows.get_mut(&key)?;
-        for st in &mut fs.hops[..len] {
+        for st in &mut fs.hot[..len] {
             st.set_baseline(lq, qq);
         }
         fs.last_export_ns = now;
-        let hops: Vec<IntHop> = fs.hops[..len].iter().map(|s| int_hop(&s.md, full)).collect();
-        let e2e = end_to_end(&fs.hops[..len], fs.stacked);
+        let hops: Vec<IntHop> = fs.hot[..len].iter().zip(&fs.cold[..len]).map(|(h, c)| int_hop(h, c, full)).collect();
+        let e2e = end_to_end(&fs.hot[..len], &fs.cold[..len], fs.stacked);
         let tuple = five_tuple(&key);
         for (i, (h, header)) in hops.iter().zip(hop_headers).enumerate() {
             let rec = cgloop_proto::v1::IntHopRecord { header, five_tuple: Some(tuple.clone()), hop_index: i as u32, hop: Some(*h) };
@@ -469,7 +524,7 @@ impl State {
         let rec = IntFlowRecord {
             header,
             five_tuple: Some(tuple),
-            path_switch_ids: fs.path[..len].to_vec(),
+            path_switch_ids: fs.hot[..len].iter().map(|h| h.node).collect(),
             hops,
             end_to_end_latency_ns: e2e,
             reason: reason as i32,
@@ -522,28 +577,32 @@ impl State {
 }
 
 fn tx_util(h: &Md, full: u32) -> f64 {
-    if h.has & HAS_TX_UTIL == 0 {
-        return 0.0;
-    }
-    f64::from(h.tx_util) / f64::from(full.max(1))
+    tx_util_of(h.has, h.tx_util, full)
 }
 
-fn int_hop(md: &Md, full: u32) -> IntHop {
+fn tx_util_of(has: u8, raw: u32, full: u32) -> f64 {
+    if has & HAS_TX_UTIL == 0 {
+        return 0.0;
+    }
+    f64::from(raw) / f64::from(full.max(1))
+}
+
+fn int_hop(h: &HotHop, c: &ColdHop, full: u32) -> IntHop {
     IntHop {
-        switch_id: md.node,
-        ingress_port: u32::from(md.ingress_port),
-        egress_port: u32::from(md.egress_port),
-        hop_latency_ns: u64::from(md.latency),
-        queue_id: u32::from(md.queue_id),
-        queue_occupancy_cells: md.queue_occ,
-        egress_tx_utilization: tx_util(md, full),
-        ingress_timestamp_ns: md.ingress_ts,
-        egress_timestamp_ns: md.egress_ts,
-        l2_ingress_port: md.l2_ingress_port,
-        l2_egress_port: md.l2_egress_port,
-        buffer_id: u32::from(md.buffer_id),
-        buffer_occupancy_cells: md.buffer_occ,
-        egress_tx_utilization_raw: md.tx_util,
+        switch_id: h.node,
+        ingress_port: u32::from(c.ingress_port),
+        egress_port: u32::from(c.egress_port),
+        hop_latency_ns: u64::from(h.latency),
+        queue_id: u32::from(c.queue_id),
+        queue_occupancy_cells: h.queue_occ,
+        egress_tx_utilization: tx_util_of(h.has, c.tx_util, full),
+        ingress_timestamp_ns: c.ingress_ts,
+        egress_timestamp_ns: c.egress_ts,
+        l2_ingress_port: c.l2_ingress_port,
+        l2_egress_port: c.l2_egress_port,
+        buffer_id: u32::from(c.buffer_id),
+        buffer_occupancy_cells: c.buffer_occ,
+        egress_tx_utilization_raw: c.tx_util,
     }
 }
 
@@ -551,12 +610,12 @@ fn int_hop(md: &Md, full: u32) -> IntHop {
 /// they are ordered; otherwise (32-bit timestamps, or per-hop reports of different packets) the
 /// sum of hop latencies (switch clocks need not be synchronised). An absent timestamp is 0,
 /// which the 64-bit check below rejects.
-fn end_to_end(hops: &[HopSlot], stacked: bool) -> u64 {
-    let first = hops.first().map(|h| h.md.ingress_ts).filter(|_| stacked);
-    let last = hops.last().map(|h| h.md.egress_ts);
+fn end_to_end(hot: &[HotHop], cold: &[ColdHop], stacked: bool) -> u64 {
+    let first = cold.first().map(|h| h.ingress_ts).filter(|_| stacked);
+    let last = cold.last().map(|h| h.egress_ts);
     match (first, last) {
         (Some(a), Some(b)) if b > a && a > u64::from(u32::MAX) => b - a,
-        _ => hops.iter().map(|h| u64::from(h.md.latency)).sum(),
+        _ => hot.iter().map(|h| u64::from(h.latency)).sum(),
     }
 }
 

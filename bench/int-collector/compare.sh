@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# INT collector from memory, side by side with an earlier commit's build: both binaries run
+# alternately in the same session (ROUNDS rounds each, `bench --memory-only`), each round
+# printed with the load average, then the median of each and their ratio.
+#   bench/int-collector/compare.sh [BASE_REV (default HEAD~1)] [ROUNDS (default 3)] [bench args...]
+# The baseline is built from `git archive BASE_REV` in a temporary folder, with the same cargo
+# target dir (dependencies are reused; the workspace crates are rebuilt).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export PATH="$HOME/.cargo/bin:$PATH"
+base_rev="${1:-HEAD~1}"
+rounds="${2:-3}"
+shift $(( $# > 2 ? 2 : $# ))
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+export CARGO_TARGET_DIR="$target"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+base_sha="$(git rev-parse --short "$base_rev")"
+cur_sha="$(git rev-parse --short HEAD)$(git diff --quiet -- telemetry/int-collector proto || echo +wip)"
+
+mkdir -p "$work/src"
+git archive "$base_rev" | tar -x -C "$work/src"
+# Archive mtimes are the commit's: make cargo see the sources as changed.
+find "$work/src/telemetry" "$work/src/proto" -type f -exec touch {} +
+(cd "$work/src" && cargo build --release --quiet -p cgloop-int-collector)
+cp "$target/release/cgloop-int-collector" "$work/base"
+find telemetry/int-collector/src -type f -exec touch {} +
+cargo build --release --quiet -p cgloop-int-collector
+cp "$target/release/cgloop-int-collector" "$work/cur"
+
+echo "machine: $(nproc) cores, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "from memory, 1 core, M reports per CPU-second (parse + state + filter); base $base_sha vs now $cur_sha"
+for i in $(seq 1 "$rounds"); do
+  for which in base cur; do
+    out="$("$work/$which" bench --memory-only --json "$@")"
+    load="$(cut -d' ' -f1 /proc/loadavg)"
+    echo "$out" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["memory"]
+print(f"{sys.argv[1]:4} round {sys.argv[2]}  collector {r[\"collector_reports_per_s\"]/1e6:5.2f}"
+      f"  parse-only {r[\"parse_only_reports_per_s\"]/1e6:5.2f}"
+      f"  export-all {r[\"export_every_report_reports_per_s\"]/1e6:5.2f}"
+      f"  filter ratio {r[\"filter_ratio\"]:.0f}  load {sys.argv[3]}")
+' "$which" "$i" "$load" | tee -a "$work/rounds.txt"
+  done
+done
+python3 - "$work/rounds.txt" "$base_sha" "$cur_sha" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+def med(which, col):
+    return statistics.median(float(r[r.index(col) + 1]) for r in rows if r[0] == which)
+for col in ("collector", "parse-only", "export-all"):
+    b, c = med("base", col), med("cur", col)
+    print(f"median {col:10}  base {sys.argv[2]} {b:5.2f}  now {sys.argv[3]} {c:5.2f}  now/base = {c / b:.2f}x")
+c = med("cur", "collector")
+print(f"target 3 M reports/s/core: {'met' if c >= 3 else 'NOT met'} ({c:.2f});"
+      f" vs INTCollector 1.2 M/s = {c / 1.2:.2f}x, vs AF_XDP collector 3 M/s/core = {c / 3:.2f}x")
+EOF
