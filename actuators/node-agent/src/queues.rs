@@ -231,6 +231,8 @@ pub fn from_kernel(
                 sent_packets: k.packets,
                 sent_bytes: k.bytes,
                 dropped_packets: k.drops as u64,
+                backlog_bytes: k.backlog_bytes,
+                backlog_packets: k.backlog_packets,
             })
             .collect(),
     }
@@ -323,6 +325,8 @@ mod tests {
                 packets: 0,
                 bytes: 0,
                 drops: 0,
+                backlog_bytes: 0,
+                backlog_packets: 0,
             }
         };
         let mut kernel: Vec<KernelClass> = t.classes.iter().map(as_kernel).collect();

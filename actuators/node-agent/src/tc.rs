@@ -50,6 +50,9 @@ pub struct KernelClass {
     pub packets: u64,
     pub bytes: u64,
     pub drops: u32,
+    /// Bytes and packets waiting in the class's queue now.
+    pub backlog_bytes: u32,
+    pub backlog_packets: u32,
 }
 
 /// The class parameters to program.
@@ -364,6 +367,8 @@ fn decode_class(msg: &TcMessage) -> Result<KernelClass, String> {
         packets: 0,
         bytes: 0,
         drops: 0,
+        backlog_bytes: 0,
+        backlog_packets: 0,
     };
     let mut buffer_ticks = 0;
     let mut cbuffer_ticks = 0;
@@ -398,7 +403,11 @@ fn decode_class(msg: &TcMessage) -> Result<KernelClass, String> {
                             class.bytes = b.bytes;
                             class.packets = b.packets as u64;
                         }
-                        TcStats2::Queue(q) => class.drops = q.drops,
+                        TcStats2::Queue(q) => {
+                            class.drops = q.drops;
+                            class.backlog_bytes = q.backlog;
+                            class.backlog_packets = q.qlen;
+                        }
                         _ => {}
                     }
                 }
