@@ -337,6 +337,57 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_or_evicted_flow_returning_counts_from_zero() {
+        let cfg = AccountConfig::default();
+        let mut sweeper = Sweeper::new(SweepConfig::default());
+        let flow = |sport: u16, t: u64, n: u32| {
+            let mut f = frame(0, 100);
+            f[34..36].copy_from_slice(&sport.to_be_bytes());
+            let p = parse_ethernet(&f, f.len() as u32).unwrap();
+            let mut v = new_flow(t, 0, p.l3_len);
+            for i in 0..n {
+                account(&mut v, &p, t + i as u64, 0, &cfg);
+            }
+            (p.key, v)
+        };
+        let (a, b, c) = (
+            flow(1, 1_000, 3),
+            flow(2, 1_000, 5),
+            flow(3, 20_000_000_000, 7),
+        );
+        let s = sweeper.sweep(10_000, 0, [a, b], false);
+        assert_eq!(s.records.iter().map(|r| r.packets).sum::<u64>(), 8);
+        // a goes idle (expires, its slot is freed) and c arrives after it in the same sweep:
+        // c counts from zero; b (unchanged, not idle yet) gets no record.
+        let mut b2 = b.1;
+        b2.last_ns = 15_000_000_000;
+        let s = sweeper.sweep(20_000_000_000, 1, [a, (b.0, b2), c], false);
+        let got: Vec<_> = s
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    r.five_tuple.as_ref().unwrap().src_port,
+                    r.packets,
+                    r.is_final,
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![(1, 0, true), (3, 7, false)]);
+        // b is evicted (missing from a sweep); a returns and counts from zero again.
+        let s = sweeper.sweep(20_000_000_100, 2, [c], false);
+        assert!(s.records.is_empty());
+        let s = sweeper.sweep(20_000_000_200, 3, [a, c], false);
+        let got: Vec<_> = s
+            .records
+            .iter()
+            .map(|r| (r.five_tuple.as_ref().unwrap().src_port, r.packets))
+            .collect();
+        assert_eq!(got, vec![(1, 3)]);
+        assert_eq!(s.live, 2);
+    }
+
+    #[test]
     fn a_flow_gone_from_the_table_starts_over_when_it_returns() {
         let cfg = AccountConfig::default();
         let mut sweeper = Sweeper::new(SweepConfig::default());
