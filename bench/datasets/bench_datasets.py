@@ -101,6 +101,7 @@ def bench_ingest(rows: int, schema: str, bootstrap: str) -> None:
         config = SinkConfig(
             group_id=f"bench-{schema}-{uuid.uuid4()}", topics=["cgloop.flows.v1"],
             max_chunk_messages=20, max_chunk_age_s=0.5,
+            close_minutes_every_s=10.0 if schema == "new" else 0,  # old: no closed minutes
         )  # fmt: skip
         sink = Sink(StoreWriter(client), bootstrap, config)
         stop = threading.Event()
@@ -118,6 +119,65 @@ def bench_ingest(rows: int, schema: str, bootstrap: str) -> None:
     print(f"RESULT store_only {store_rate}")
     print(f"RESULT sink {count / elapsed}")
     print(f"RESULT sink_rows {int(count)} {stored} {elapsed}")
+
+
+# The views that flow-record inserts feed, in the order the stage breakdown adds them.
+FLOW_VIEWS = ("flow_records_mv", "flow_stats_1s_from_flows", "flow_stats_1m_from_flows")
+
+
+def bench_stages(rows: int, bootstrap: str) -> None:
+    """Where an insert's time goes: Kafka consume alone (same bytes, no store), then one store
+    (all migrations) with the flow views dropped and re-added one at a time: protobuf decode
+    into the Null ingest table alone, + the flow_records insert, + each roll-up view. Prints
+    `RESULT stage_<name> rows/s` lines."""
+    import clickhouse_connect
+    from cgloop.datasets.records import KINDS
+    from cgloop.datasets.sink.writer import StoreWriter
+    from cgloop.datasets.store.migrations import migrate
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "fetch.max.bytes": 64 << 20})  # fmt: skip
+    # Assigned, not subscribed (no group join), from the first offset: fetch + hand-over of
+    # every message, as the sink's consume loop gets them.
+    start = time.perf_counter()
+    meta = consumer.list_topics("cgloop.flows.v1", timeout=30).topics["cgloop.flows.v1"]
+    consumer.assign([TopicPartition("cgloop.flows.v1", p, OFFSET_BEGINNING)
+                     for p in meta.partitions])  # fmt: skip
+    messages = 0
+    need = -(-rows // PER_MESSAGE)
+    while messages < need and time.perf_counter() - start < 300:
+        got = consumer.consume(num_messages=1000, timeout=1.0)
+        messages += sum(1 for m in got if m.error() is None)
+    consume_rate = rows / (time.perf_counter() - start)
+    consumer.close()
+    print(f"RESULT stage_kafka_consume {consume_rate}")
+
+    kind = KINDS["cgloop.flows.v1"]
+    payloads = _batches(rows)
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+        client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
+        migrate(client)
+        ddl = {
+            name: client.query(
+                "SELECT create_table_query FROM system.tables WHERE database = 'cgloop'"
+                " AND name = {n:String}", parameters={"n": name},
+            ).result_rows[0][0]
+            for name in FLOW_VIEWS
+        }  # fmt: skip
+        for name in FLOW_VIEWS:
+            client.command(f"DROP VIEW cgloop.{name}")
+        writer = StoreWriter(client)
+        for stage, view in (("ingest_decode", None), *((v, v) for v in FLOW_VIEWS)):
+            if view:
+                client.command(ddl[view])
+            writer.insert(kind, payloads[:1], f"{stage}/warm-up")
+            start = time.perf_counter()
+            for i in range(0, len(payloads), 20):
+                writer.insert(kind, payloads[i : i + 20], f"{stage}/{i}")
+            print(f"RESULT stage_{stage} {rows / (time.perf_counter() - start)}")
+            for table in ("flow_records", "flow_stats_1s", "flow_stats_1m"):
+                client.command(f"TRUNCATE TABLE cgloop.{table}")
 
 
 def run_ingest(rows: int) -> None:
@@ -154,10 +214,17 @@ def run_ingest(rows: int) -> None:
                 producer.send_raw("cgloop.flows.v1", p, key="bench")
             producer.flush(120)
             del payloads
+            cmd = [sys.executable, __file__, "--only", "stages", "--rows", str(rows),
+                   "--bootstrap", settings.bootstrap_servers]  # fmt: skip
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+            stages = {
+                line.split()[1]: float(line.split()[2])
+                for line in out.splitlines() if line.startswith("RESULT stage_")
+            }  # fmt: skip
             for schema in SCHEMAS * 2:
                 cmd = [sys.executable, __file__, "--only", "ingest", "--rows", str(rows),
                        "--schema", schema, "--bootstrap", settings.bootstrap_servers]  # fmt: skip
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 for line in out.splitlines():
                     if line.startswith("RESULT "):
                         _, name, *values = line.split()
@@ -176,6 +243,29 @@ def run_ingest(rows: int) -> None:
             f"  {what}: old views {old:,.0f} rows/s, new views {new:,.0f} rows/s"
             f" -> new/old {new / old:.2f}x; vs target 1,000,000 rows/s: {new / 1e6:.3f}x"
         )
+    print(f"  where the time goes ({rows:,} rows, 100,000 an insert; each stage adds one step):")
+    names = {
+        "stage_kafka_consume": "Kafka consume alone (same messages, no store)",
+        "stage_ingest_decode": "ClickHouse protobuf decode into the Null ingest table, no views",
+        "stage_flow_records_mv": "+ flow_records insert (view + ReplacingMergeTree)",
+        "stage_flow_stats_1s_from_flows": "+ flow_stats_1s view",
+        "stage_flow_stats_1m_from_flows": "+ flow_stats_1m view (= the whole store insert)",
+    }
+    previous = None
+    for key, what in names.items():
+        rate = stages.get(key)
+        if rate is None:
+            continue
+        cost = 1e6 / rate
+        extra = (
+            ""
+            if previous is None or key == "stage_ingest_decode"
+            else (f", this step {cost - previous:+.2f} us/row")
+        )
+        print(f"    {what}: {rate:,.0f} rows/s ({cost:.2f} us/row{extra});"
+              f" vs target: {rate / 1e6:.3f}x")  # fmt: skip
+        if key != "stage_kafka_consume":
+            previous = cost
     print(
         f"  Python decode+validate alone (no store): {python_rate:,.0f} rows/s;"
         f" sink (new) vs that: {best['new']['sink'] / python_rate:.2f}x"
@@ -227,7 +317,14 @@ def bench_query(rows: int) -> None:
             f"INSERT INTO cgloop.flow_stats_1m ({', '.join(columns)}) "
             + view.replace("cgloop.flow_records", "cgloop.bench_flows")
         )
-        print(f"  generated in {time.perf_counter() - start:.1f} s")
+        print(f"  generated in {time.perf_counter() - start:.1f} s", flush=True)
+        # Closing the minutes (what the sink does every 10 s, here all 834 at once): the
+        # one-off cost that makes the per-minute query a plain read.
+        from cgloop.datasets.store.minutes import close_minutes
+
+        start = time.perf_counter()
+        closed_minutes = close_minutes(client)
+        close_s = time.perf_counter() - start
         raw_rows = client.query("SELECT count() FROM cgloop.bench_flows").result_rows[0][0]
         rollup = (
             "SELECT count(), max(p99) FROM (SELECT src_port, window,"
@@ -240,12 +337,14 @@ def bench_query(rows: int) -> None:
             " quantileTDigest(0.99)(rtp_jitter_ns) AS p99 FROM cgloop.bench_flows"
             " GROUP BY src_addr, dst_addr, src_port, dst_port, ip_protocol, m)"
         )
+        closed = "SELECT count(), max(p99_jitter_ns) FROM cgloop.flow_minutes_closed FINAL"
         # The roll-up's sort key is the GROUP BY: aggregating in key order streams the groups
         # instead of hashing 800 k of them (`optimize_aggregation_in_order`).
         in_order = rollup + " SETTINGS optimize_aggregation_in_order = 1"
         timings = {}
         for name, sql in (
-            ("roll-up", rollup), ("roll-up, in key order", in_order), ("raw rows", raw)
+            ("closed minutes (flow_minutes_closed FINAL)", closed), ("roll-up", rollup),
+            ("roll-up, in key order", in_order), ("raw rows", raw),
         ):  # fmt: skip
             client.query(sql)  # warm
             best = float("inf")
@@ -260,17 +359,27 @@ def bench_query(rows: int) -> None:
               f" -> vs target 1 s: {1 / best:.2f}x")  # fmt: skip
     for name in ("roll-up", "roll-up, in key order"):
         print(f"  {name} vs raw rows: {timings['raw rows'][0] / timings[name][0]:.2f}x faster")
+    best_closed = timings["closed minutes (flow_minutes_closed FINAL)"][0]
+    print(f"  closed minutes vs roll-up (previous design):"
+          f" {timings['roll-up'][0] / best_closed:.1f}x faster;"
+          f" vs raw rows: {timings['raw rows'][0] / best_closed:.1f}x faster")  # fmt: skip
+    print(
+        f"  closing {closed_minutes:,} minutes (all at once, once): {close_s:.1f} s;"
+        f" per minute of data {close_s / max(closed_minutes, 1) * 1000:.0f} ms"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--query-rows", type=int, default=50_000_000)
-    parser.add_argument("--only", choices=["ingest", "query"])
+    parser.add_argument("--only", choices=["ingest", "query", "stages"])
     parser.add_argument("--schema", choices=SCHEMAS, default="new")
     parser.add_argument("--bootstrap", help="(internal) the broker of run_ingest")
     args = parser.parse_args()
-    if args.only == "ingest" and args.bootstrap:
+    if args.only == "stages":
+        bench_stages(args.rows, args.bootstrap)
+    elif args.only == "ingest" and args.bootstrap:
         bench_ingest(args.rows, args.schema, args.bootstrap)
     elif args.only == "ingest":
         run_ingest(args.rows)

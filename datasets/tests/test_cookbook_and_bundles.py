@@ -45,6 +45,30 @@ def test_cookbook_query_returns_the_documented_rows(bundle_store, title: str) ->
     assert _tsv(bundle_store, sql) == want
 
 
+_MINUTE_COLUMNS = (
+    "minute, src_addr, dst_addr, src_port, dst_port, ip_protocol, packets, bytes, lost_packets,"
+    " dropped_packets, p50_latency_ns, p99_latency_ns, p999_latency_ns, p50_jitter_ns,"
+    " p99_jitter_ns, p50_size_bytes, p99_inter_arrival_ns"
+)
+
+
+def test_closed_minutes_hold_exactly_what_flow_minutes_computes(bundle_store) -> None:
+    """The import closed every minute: the finalised table has each flow-minute once (FINAL)
+    with the numbers the t-digest view computes, in both directions."""
+    counts = _tsv(
+        bundle_store,
+        "SELECT (SELECT count() FROM cgloop.flow_minutes),"
+        " (SELECT count() FROM cgloop.flow_minutes_closed FINAL)",
+    ).split("\n")[1]
+    total, closed = map(int, counts.split("\t"))
+    assert total > 100 and closed == total
+    for a, b in (("flow_minutes", "flow_minutes_closed FINAL"),
+                 ("flow_minutes_closed FINAL", "flow_minutes")):  # fmt: skip
+        sql = (f"SELECT count() FROM (SELECT {_MINUTE_COLUMNS} FROM cgloop.{a}"
+               f" EXCEPT SELECT {_MINUTE_COLUMNS} FROM cgloop.{b})")  # fmt: skip
+        assert _tsv(bundle_store, sql).split("\n")[1] == "0", (a, b)
+
+
 def test_export_then_import_gives_identical_query_results(bundle_store, tmp_path: Path) -> None:
     scenario = tmp_path / "scenario.json"
     scenario.write_text(

@@ -18,6 +18,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 from cgloop.datasets.records import DATABASE
+from cgloop.datasets.store.minutes import close_minutes
 from clickhouse_connect.driver.client import Client
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -242,4 +243,5 @@ def import_bundle(client: Client, bundle: Path) -> dict[str, int]:
             },
         )
         written[table] = data.num_rows
+    close_minutes(client)  # the imported minutes are closed: finalise their quantiles once
     return written

@@ -59,6 +59,9 @@ def serve_cmd(
     metrics_port: Annotated[
         int | None, typer.Option(help="serve the sink's Prometheus metrics on this port")
     ] = None,
+    close_minutes_every: Annotated[
+        float, typer.Option(min=0, help="seconds between closing flow minutes (0: never)")
+    ] = 10.0,
 ) -> None:
     """Own the store: apply migrations, then answer read-only SQL over HTTP until stopped.
 
@@ -74,7 +77,9 @@ def serve_cmd(
     )
     run_sink = None
     if sink:
-        run_sink = _embedded_sink(bootstrap or settings().bootstrap_servers, group, metrics_port)
+        run_sink = _embedded_sink(
+            bootstrap or settings().bootstrap_servers, group, metrics_port, close_minutes_every
+        )
     try:
         serve(
             path or _default_path(), host, port or settings().store_port, migrations, sink=run_sink
@@ -217,7 +222,9 @@ def query_cmd(
     Console().print(table)
 
 
-def _embedded_sink(bootstrap: str, group: str, metrics_port: int | None):
+def _embedded_sink(
+    bootstrap: str, group: str, metrics_port: int | None, close_minutes_every: float = 10.0
+):
     """The sink as run inside the process that owns the chDB folder."""
 
     def run(store, should_stop) -> None:
@@ -228,9 +235,8 @@ def _embedded_sink(bootstrap: str, group: str, metrics_port: int | None):
         metrics = SinkMetrics()
         if metrics_port:
             metrics.serve(metrics_port)
-        Sink(StoreWriter(store.client), bootstrap, SinkConfig(group_id=group), metrics).run(
-            should_stop
-        )
+        config = SinkConfig(group_id=group, close_minutes_every_s=close_minutes_every)
+        Sink(StoreWriter(store.client), bootstrap, config, metrics).run(should_stop)
 
     return run
 
@@ -250,6 +256,9 @@ def sink_cmd(
     ] = None,
     max_chunk_messages: Annotated[int, typer.Option(min=1)] = 20_000,
     max_chunk_age_s: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    close_minutes_every: Annotated[
+        float, typer.Option(min=0, help="seconds between closing flow minutes (0: never)")
+    ] = 10.0,
     metrics_port: Annotated[
         int | None, typer.Option(help="serve Prometheus metrics on this port")
     ] = None,
@@ -310,6 +319,7 @@ def sink_cmd(
             group_id=group,
             max_chunk_messages=max_chunk_messages,
             max_chunk_age_s=max_chunk_age_s,
+            close_minutes_every_s=close_minutes_every,
             **({"topics": topics_of(topic)} if topic else {}),
         )
     except ValueError as exc:

@@ -38,6 +38,7 @@ from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
 from cgloop.datasets.sink.writer import StoreWriteError, StoreWriter
+from cgloop.datasets.store.minutes import close_minutes
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -68,6 +69,9 @@ class SinkConfig(BaseModel):
     session_timeout_ms: int = Field(default=6000, ge=1000)
     retry_backoff_s: float = Field(default=0.5, gt=0)
     retry_backoff_max_s: float = Field(default=10.0, gt=0)
+    # How often flow minutes are closed (finalised into cgloop.flow_minutes_closed) while
+    # flow/INT rows are being written; 0 disables it.
+    close_minutes_every_s: float = Field(default=10.0, ge=0)
 
 
 @dataclass
@@ -134,6 +138,9 @@ class Sink:
         self._deadletters = BatchProducer(bootstrap, client_id=f"{self.config.group_id}-dl")
         self._dl_sequence = time.time_ns()  # strictly increasing across restarts of this sink
         self._chunks: dict[tuple[str, int], Chunk] = {}
+        # Minutes to close: set when flow/INT rows are written, cleared by a close pass.
+        self._minutes_dirty = False
+        self._minutes_closed_at = time.monotonic()
         # (topic, partition) -> planned (first, last) ranges to reproduce after a restart.
         self._replay: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._consumer.subscribe(
@@ -176,7 +183,9 @@ class Sink:
                 for msg in self._consumer.consume(num_messages=1000, timeout=0.2):
                     self._accept(msg)
                 self._flush_due()
+                self._close_minutes_due()
             self._flush_all()
+            self._close_minutes_due(final=True)
         finally:
             self.close()
 
@@ -252,6 +261,27 @@ class Sink:
             if chunk.planned_last is None and now - chunk.opened >= self.config.max_chunk_age_s:
                 self._flush(chunk)
 
+    def _close_minutes_due(self, final: bool = False) -> None:
+        """Finalise closed flow minutes every `close_minutes_every_s` while roll-up rows are
+        being written (and once more on a clean stop). A failure is logged and counted, never
+        fatal: the roll-up states are stored, and the next pass redoes the minutes."""
+        every = self.config.close_minutes_every_s
+        if not every or not self._minutes_dirty:
+            return
+        if not final and time.monotonic() - self._minutes_closed_at < every:
+            return
+        self._minutes_closed_at = time.monotonic()
+        self._minutes_dirty = False
+        try:
+            closed = close_minutes(self.writer.client)
+        except Exception as exc:  # the store's reason, whatever the backend raised
+            self._minutes_dirty = True
+            self.metrics.store_errors.inc()
+            log.warning("closing flow minutes failed (retried in %.0f s): %s", every, exc)
+            return
+        if closed:
+            log.debug("finalised %d flow minutes", closed)
+
     def _flush_all(self) -> None:
         for chunk in list(self._chunks.values()):
             if chunk.planned_last is None:
@@ -285,6 +315,8 @@ class Sink:
                 "plan",
             )
         rows = self._insert(kind, chunk, token) if chunk.payloads else 0
+        if rows and chunk.topic in FAST_TOPICS:  # the topics that feed the flow roll-ups
+            self._minutes_dirty = True
         self.metrics.batch_seconds.labels(chunk.topic).observe(time.perf_counter() - start)
         self.metrics.rows.labels(kind.ingest_table).inc(rows)
         if self._after_insert:
