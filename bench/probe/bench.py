@@ -1,22 +1,24 @@
-"""Benchmark of the XDP flow probe (issue: XDP probe). One command, as root:
+"""Benchmark of the XDP flow probe (issue 3). One command, as root:
 
-    uv run python bench/probe/bench.py            # ≈1 min; --packets to change the replay size
+    uv run python bench/probe/bench.py     # ≈10 min; --sections 1,2,3,4, --repeats, --packets
 
 It builds nothing: it uses the release `cgloop-probe` if present (else debug; build with
-`cargo build --release -p cgloop-probe`). Three measurements, printed with their targets:
+`cargo build --release -p cgloop-probe`), or CGLOOP_PROBE_BENCH_BINARY. Four measurements,
+printed with their targets and, where one applies, the ratio to the peer or floor of the run:
 
-1. In-kernel cost per packet of the XDP program, from the kernel's BPF run-time statistics
-   (`kernel.bpf_stats_enabled`, run_time_ns / run_cnt), at 1, 10 k and 100 k active flows, with
-   RTP parsing on (the traffic carries RTP headers) and off (`--no-rtp`). Each measurement is the
-   second replay of the same capture, so the flows already exist (steady state, no inserts).
-2. Side by side on the same replayed traffic: CPU time per packet of cgloop's probe (BPF run time
-   + the exporter process's user+system time) vs softflowd (Debian package, libpcap flow
-   exporter; its process user+system time), both attached to the same interface during one
-   replay. Ratio = softflowd / cgloop. Not counted for either: the kernel's shared receive path
-   (for softflowd this leaves out the copy of every packet to its AF_PACKET ring in softirq,
-   so the ratio is conservative for cgloop).
-3. Export rate: flow records per second of exporter CPU time (sweep with batched map reads,
-   deltas, protobuf encoding, write), with 100 k flows refreshed by a looping replay.
+1. In-kernel cost per packet of the XDP program (bpf_stats run_time_ns / run_cnt) at 1, 10 k
+   and 100 k flows, RTP parsing on and off, the second replay of the same capture (the flows
+   exist); floors: an empty XDP program and a clock read (floor.bpf.c).
+2. Floors at 100 k flows by packet order (round-robin, random, bursts): an XDP program that only
+   looks the probe's key up in an LRU table of the probe's types (and one that also writes a
+   counter), next to the probe on the same replay.
+3. CPU per packet each monitor causes (fair_cpu: tcpreplay + ksoftirqd + monitor CPU time minus
+   the same with no monitor, all pinned to one CPU, so softflowd's AF_PACKET copies in softirq
+   count; and per process), cgloop at 100 ms and 1 s sweeps vs softflowd, and an empty XDP
+   program (the veth's XDP path), on a synthetic replay, a gaming-like mix and the real captures
+   of ../shared/data (l4s-tests BSD-2-Clause, nDPI LGPL-3.0; read there, not copied).
+4. Export rate: flow records per second of exporter CPU time with 100 k flows refreshed by a
+   looping replay; with --baseline, interleaved with the baseline build.
 
 Traffic is replayed with tcpreplay (topspeed) from a namespace into a veth pair
 (`cgl-probe-bench-<pid>-a|b`); the probe and softflowd run on the `b` end.
