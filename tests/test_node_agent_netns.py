@@ -736,8 +736,8 @@ def test_forbid_cstates_writes_cpuidle_is_bounded_survives_a_restart_and_rolls_b
         assert disabled_states(idle, 0) == [0, 1, 1]  # POLL stays: the idle loop spins in C0
         assert disabled_states(idle, 1) == [0, 0, 0]
         state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
-        assert state.cores[0].cstates_forbidden
-        assert list(state.cores[0].enabled_idle_states) == ["POLL"]
+        assert state.idle[0].cstates_forbidden
+        assert list(state.idle[0].enabled_idle_states) == ["POLL"]
         assert [p.forbid_cstates for p in state.policies] == [True]
         # The hard bound: a second core out of C-states is refused before anything is written.
         with pytest.raises(grpc.RpcError) as err:
@@ -754,15 +754,15 @@ def test_forbid_cstates_writes_cpuidle_is_bounded_survives_a_restart_and_rolls_b
         stub = lab.stub()
         assert disabled_states(idle, 0) == [0, 1, 1]
         state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
-        assert state.cores[0].cstates_forbidden
+        assert state.idle[0].cstates_forbidden
         # Rollback = the policy engine re-sends `previous`: C-states are allowed again.
         back = stub.SetPowerPolicy(na.SetPowerPolicyRequest(
             action_id="c1-rollback", policy=resp.previous[0]), timeout=10)
         assert not back.applied.forbid_cstates
         assert disabled_states(idle, 0) == [0, 0, 0]
         state = stub.GetPowerState(na.GetPowerStateRequest(cores=[0]), timeout=10)
-        assert not state.cores[0].cstates_forbidden
-        assert list(state.cores[0].enabled_idle_states) == ["POLL", "C1", "C6"]
+        assert not state.idle[0].cstates_forbidden
+        assert list(state.idle[0].enabled_idle_states) == ["POLL", "C1", "C6"]
     finally:
         lab.down()
 

@@ -2,17 +2,14 @@
 //! id): every `node_sample_interval_ms` the agent reads per-core CPU time from `/proc/stat`
 //! (utilization = busy share of the interval), the cpufreq/cpuidle state of the cores where the
 //! node has them, and the packet counters of every chain function (BPF and AF_XDP) from its own
-//! state, and the backlog/drops of every HTB class it manages (read from the kernel). The
-//! analytics overload detector reads `cores[].utilization` and
+//! state. The analytics overload detector reads `cores[].utilization` and
 //! `functions[].packets` (analytics/src/cgloop/analytics/detectors/overload.py).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use cgloop_proto::v1::{
-    CoreSample, FunctionCounters, NodeSample, NodeSampleBatch, NodeState, QueueClassSample, RecordHeader,
-};
+use cgloop_proto::v1::{CoreSample, FunctionCounters, NodeSample, NodeSampleBatch, NodeState, RecordHeader};
 use prost::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -111,21 +108,6 @@ pub fn sample(
         functions: functions(state),
         power_watts: None,
         energy_joules: None,
-        queues: state
-            .queues
-            .iter()
-            .flat_map(|q| {
-                q.classes.iter().map(|c| QueueClassSample {
-                    interface_name: q.interface_name.clone(),
-                    class_id: c.class_id,
-                    class_name: c.name.clone(),
-                    backlog_bytes: c.backlog_bytes,
-                    backlog_packets: c.backlog_packets,
-                    sent_packets: c.sent_packets,
-                    dropped_packets: c.dropped_packets,
-                })
-            })
-            .collect(),
     }
 }
 
@@ -191,7 +173,7 @@ pub fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cgloop_proto::v1::{ChainFunction, HtbClass, QueueHierarchy, ServiceChain};
+    use cgloop_proto::v1::{ChainFunction, ServiceChain};
 
     const STAT: &str = "cpu  10 0 10 80 0 0 0 0 0 0\n\
                         cpu0 5 0 5 40 0 0 0 0 0 0\n\
@@ -223,18 +205,6 @@ mod tests {
                 ServiceChain { functions: vec![f("acl", 10, 4), f("dpi", 6, 1)], ..Default::default() },
                 ServiceChain { functions: vec![f("dpi", 4, 0)], ..Default::default() },
             ],
-            queues: vec![QueueHierarchy {
-                interface_name: "eth1".into(),
-                classes: vec![HtbClass {
-                    name: "gaming".into(),
-                    class_id: 0x10010,
-                    backlog_bytes: 1500,
-                    backlog_packets: 1,
-                    dropped_packets: 3,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
             ..Default::default()
         };
         let s = sample("n1", 7, &BTreeMap::from([(0, 0.5)]), &[], &state);
@@ -242,10 +212,5 @@ mod tests {
         assert_eq!(s.cores[0].utilization, 0.5);
         let dpi = s.functions.iter().find(|f| f.function_name == "dpi").unwrap();
         assert_eq!((dpi.packets, dpi.forwarded_packets), (10, 9));
-        let q = &s.queues[0];
-        assert_eq!(
-            (q.interface_name.as_str(), q.class_name.as_str(), q.backlog_bytes, q.backlog_packets, q.dropped_packets),
-            ("eth1", "gaming", 1500, 1, 3)
-        );
     }
 }

@@ -2,7 +2,7 @@
 //! conversion between proto and module types, and honest errors when the node has no cpufreq
 //! or no counters.
 
-use cgloop_proto::v1::{CoreSample, GetPowerStateResponse, PowerPolicy, XmanMode as PXmanMode};
+use cgloop_proto::v1::{CoreIdleState, CoreSample, GetPowerStateResponse, PowerPolicy, XmanMode as PXmanMode};
 
 use crate::config::PowerSettings;
 use crate::error::{AgentError, AgentResult};
@@ -260,20 +260,25 @@ impl Power {
         Ok(GetPowerStateResponse {
             cores: states
                 .iter()
-                .map(|s| {
-                    // Read back from the kernel, not from memory; a core without cpuidle has
-                    // no idle states to report.
-                    let idle = self.cpuidle.states(s.core).unwrap_or_default();
-                    CoreSample {
+                .map(|s| CoreSample {
+                    core: s.core,
+                    frequency_khz: s.cur_khz,
+                    min_frequency_khz: s.min_khz,
+                    max_frequency_khz: s.max_khz,
+                    governor: s.governor.clone(),
+                    utilization: 0.0,
+                })
+                .collect(),
+            // Read back from the kernel, not from memory; a core without cpuidle is left out.
+            idle: states
+                .iter()
+                .filter_map(|s| {
+                    let idle = self.cpuidle.states(s.core).ok()?;
+                    Some(CoreIdleState {
                         core: s.core,
-                        frequency_khz: s.cur_khz,
-                        min_frequency_khz: s.min_khz,
-                        max_frequency_khz: s.max_khz,
-                        governor: s.governor.clone(),
-                        utilization: 0.0,
                         cstates_forbidden: self.cpuidle.forbidden(s.core).unwrap_or(false),
                         enabled_idle_states: idle.iter().filter(|i| !i.disabled).map(|i| i.name.clone()).collect(),
-                    }
+                    })
                 })
                 .collect(),
             policies: self.split(&manager.policies()),

@@ -21,7 +21,7 @@ use crate::v1::{
     Detection, DetectionBatch, DetectionKind, Direction, Evidence, ExpectedEffect, FiveTuple,
     FlowRecord, FlowRecordBatch, FunctionCounters, IntDropRecord, IntEventReason, IntFlowRecord,
     IntHop, IntHopRecord, IntQueueRecord, IntRecord, IntRecordBatch, LatencySummary, LinkRef,
-    Log2Histogram, NodeSample, NodeSampleBatch, ProbeMethod, QueueClassSample, ProbeRecord, ProbeRecordBatch,
+    Log2Histogram, NodeSample, NodeSampleBatch, ProbeMethod, ProbeRecord, ProbeRecordBatch,
     QueueRef, RecordHeader, RtpStats, Severity, Verdict, Verification,
 };
 use crate::SCHEMA_VERSION;
@@ -243,12 +243,6 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         max_frequency_khz: 3_000_000,
         governor: governor.to_owned(),
         utilization,
-        cstates_forbidden: core == 0,
-        enabled_idle_states: if core == 0 {
-            vec!["POLL".to_owned()]
-        } else {
-            vec!["POLL".to_owned(), "C1".to_owned()]
-        },
         ..Default::default()
     };
     let function = |name: &str, core: u32, packets: u64| FunctionCounters {
@@ -272,16 +266,6 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         ],
         power_watts: Some(42.5),
         energy_joules: Some(12_345.25),
-        queues: vec![QueueClassSample {
-            interface_name: "eth1".to_owned(),
-            class_id: 0x0001_0010,
-            class_name: "gaming".to_owned(),
-            backlog_bytes: 3000,
-            backlog_packets: 2,
-            sent_packets: 5000,
-            dropped_packets: 7,
-            ..Default::default()
-        }],
         ..Default::default()
     };
     NodeSampleBatch {

@@ -213,8 +213,6 @@ def sample_node_sample_batch() -> node_pb2.NodeSampleBatch:
             max_frequency_khz=3_000_000,
             governor=governor,
             utilization=utilization,
-            cstates_forbidden=core == 0,
-            enabled_idle_states=["POLL"] if core == 0 else ["POLL", "C1"],
         )
 
     def function(name: str, core: int, packets: int) -> node_pb2.FunctionCounters:
@@ -233,17 +231,6 @@ def sample_node_sample_batch() -> node_pb2.NodeSampleBatch:
         functions=[function("router", 0, 1_000_000), function("nat", 1, 999_000)],
         power_watts=42.5,
         energy_joules=12_345.25,
-        queues=[
-            node_pb2.QueueClassSample(
-                interface_name="eth1",
-                class_id=0x00010010,
-                class_name="gaming",
-                backlog_bytes=3000,
-                backlog_packets=2,
-                sent_packets=5000,
-                dropped_packets=7,
-            )
-        ],
     )
     return node_pb2.NodeSampleBatch(records=[sample])
 
