@@ -720,7 +720,8 @@ def test_forbid_cstates_writes_cpuidle_is_bounded_survives_a_restart_and_rolls_b
     lab.power_extra = f'cpuidle_root = "{idle}"\nmax_cstate_forbidden_cores = 1\n'
 
     def policy(cores: list[int], forbid: bool) -> na.PowerPolicy:
-        return na.PowerPolicy(cores=cores, governor="userspace", min_frequency_khz=3_000_000,
+        # What the policy engine's power planner sends for latency-critical cores.
+        return na.PowerPolicy(cores=cores, governor="performance", min_frequency_khz=3_000_000,
                               max_frequency_khz=3_000_000, xman_mode=na.XMAN_MODE_PINNED_MAX,
                               forbid_cstates=forbid)
 

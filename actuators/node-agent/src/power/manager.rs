@@ -230,6 +230,9 @@ impl PowerManager {
             let governor = match (policy.mode, policy.governor.as_str()) {
                 (XmanMode::Off, "") => return invalid("mode off needs a governor".into()),
                 (XmanMode::Off, g) => g.to_owned(),
+                // The kernel's performance governor holds scaling_max_freq by itself: pinned to
+                // the maximum without scaling_setspeed (what the policy engine's planner asks).
+                (XmanMode::PinnedMax, "performance") => "performance".to_owned(),
                 (_, "" | "userspace") => "userspace".to_owned(),
                 (mode, g) => {
                     return invalid(format!("mode {mode:?} drives scaling_setspeed: governor must be \"userspace\", not {g:?}"))
@@ -325,7 +328,7 @@ impl PowerManager {
         for f in &mut state.functions {
             f.reset();
         }
-        if p.mode != XmanMode::Off {
+        if p.mode != XmanMode::Off && p.governor == "userspace" {
             // f_cpu,0 = f_max (Algorithm 1 line 16); PinnedMax stays there.
             let to = state.table[0];
             self.switch(slot, to, Reason::Policy, self.last_at_ns)?;

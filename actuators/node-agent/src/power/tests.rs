@@ -752,3 +752,20 @@ impl Drop for BpfFs {
         }
     }
 }
+
+#[test]
+fn pinned_max_with_the_performance_governor_sets_limits_and_no_setspeed() {
+    let sysfs = FakeSysfs::new();
+    let (mut m, journal) = manager(&sysfs, config(&sysfs, &[]), vec![]);
+    let p = CorePolicy {
+        governor: "performance".into(),
+        ..policy(&[0], XmanMode::PinnedMax, 3_000_000, 3_000_000)
+    };
+    m.apply_policy(&p, false).expect("apply");
+    assert_eq!(sysfs.read("policy0/scaling_governor"), "performance");
+    assert_eq!(sysfs.read("policy0/scaling_min_freq"), "3000000");
+    assert!(take(&journal).iter().all(|w| !w.file.ends_with("scaling_setspeed")));
+    // Other X-MAN modes still need userspace.
+    let load = CorePolicy { governor: "performance".into(), ..policy(&[0], XmanMode::Load, 0, 0) };
+    assert!(m.apply_policy(&load, true).is_err());
+}
