@@ -351,11 +351,11 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def start_softflowd(tmp: Path, cpu: int) -> subprocess.Popen:
+def start_softflowd(tmp: Path, cpu: int, *extra: str) -> subprocess.Popen:
     soft = subprocess.Popen(
         ["ip", "netns", "exec", NS_B, "taskset", "-c", str(cpu), "softflowd", "-d", "-i", IF_B,
          "-n", "127.0.0.1:9995", "-m", "262144", "-B", str(64 << 20), "-p", str(tmp / "sf.pid"),
-         "-c", str(tmp / "sf.ctl"), "-v", "9"],
+         "-c", str(tmp / "sf.ctl"), "-v", "9", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(1.5)  # softflowd opens its capture
@@ -378,6 +378,8 @@ def monitored_replay(mode: str, binary: Path, traffic: Path, loop: int, cpu: int
         probe = Probe(binary, "--interval-ms", mode.split("-")[1], cpu=cpu)
     elif mode == "softflowd":
         soft = start_softflowd(tmp, cpu)
+    elif mode == "softflowd-1s":  # every flow exported (and restarted) each second, as cgloop
+        soft = start_softflowd(tmp, cpu, "-t", "maxlife=1", "-t", "expint=1")
     elif mode == "xdp-empty":
         sh("ip", "-n", NS_B, "link", "set", IF_B, "xdpdrv", "obj", str(floor_obj(tmp)),
            "program", "floor_empty")  # fmt: skip
@@ -408,7 +410,7 @@ def monitored_replay(mode: str, binary: Path, traffic: Path, loop: int, cpu: int
             "bpf": (bpf1 - bpf0) / 1e9, "packets": packets}  # fmt: skip
 
 
-MONITORS = ("none", "xdp-empty", "cgloop-100", "cgloop-1000", "softflowd")
+MONITORS = ("none", "xdp-empty", "cgloop-100", "cgloop-1000", "softflowd", "softflowd-1s")
 
 
 def fair_cpu(binary: Path, traffic: Path, loop: int, repeats: int, tmp: Path
@@ -457,6 +459,11 @@ def print_fair(name: str, res: dict[str, dict[str, float]]) -> None:
               f"{sf['process_ns'] / cg['process_ns']:.2f}x")  # fmt: skip
     print(f"    softflowd          : all caused {sf['system_ns']:6.0f} ns/packet, "
           f"per process {sf['process_ns']:4.0f}")  # fmt: skip
+    sf1, cg1 = res["softflowd-1s"], res["cgloop-1000"]
+    print(f"    softflowd, flows exported every 1 s (maxlife=1): all caused "
+          f"{sf1['system_ns']:6.0f} ns/packet, per process {sf1['process_ns']:4.0f}; ÷ cgloop 1 s: "
+          f"all caused {sf1['system_ns'] / cg1['system_ns']:.2f}x (beyond empty XDP "
+          f"{sf1['system_ns'] / (cg1['system_ns'] - veth):.2f}x)")  # fmt: skip
 
 
 def export_rate(binary: Path, pcap: Path, seconds: float) -> tuple[float, int]:
