@@ -23,8 +23,11 @@ use cgloop_proto::v1::{
     IntRecord, RecordHeader,
 };
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 pub const MAX_HOPS: usize = 16;
+/// Hop slots kept inside a flow's state (longer paths move to the heap).
+const INLINE_HOPS: usize = 6;
 
 /// Thresholds of the event rules (CLI flags of `cgloop-int-collector run`).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -69,11 +72,9 @@ impl Default for EventConfig {
 /// One hop's latest metadata, compact, decoded straight from the stack by the parser's plan.
 type Md = CompactHop;
 
-/// Per-hop state the event rules read on every report (24 B): switch id, the latest latency
-/// and queue occupancy, the quantised values last exported (the change baseline; `EXP_*` bits
-/// of `has` say whether a baseline exists). Kept apart from [`ColdHop`] so a report of a
-/// 4-hop flow *loads* ~2 cache lines of hop state instead of 4-5 (the profile's top cost was
-/// the first touch of each hop slot: 10 000 flows do not fit the cache).
+/// Per-hop values the event rules compare on every report (24 B): switch id (the path), the
+/// latest latency and queue occupancy, the quantised values last exported (the change
+/// baseline; `EXP_*` bits of `has` say whether a baseline exists).
 #[derive(Debug, Clone, Copy, Default)]
 struct HotHop {
     node: u32,
@@ -84,7 +85,7 @@ struct HotHop {
     has: u8,
 }
 
-/// The rest of a hop's latest metadata: only written per report, read when a record leaves.
+/// The rest of a hop's latest metadata (40 B): written per report, read when a record leaves.
 #[derive(Debug, Clone, Copy, Default)]
 struct ColdHop {
     ingress_ts: u64,
@@ -165,10 +166,10 @@ impl HotHop {
     }
 }
 
-/// Per-flow state. The fields every report reads come first (`repr(C)`): flow header, then
-/// the hot hop slots (the path is their switch ids), then the write-mostly cold slots (was
-/// ~2 KB per flow with 16 hop slots of the parser's metadata, then one 64-byte slot per hop
-/// plus a separate path array, see bench/int-collector/README.md).
+/// Per-flow state: the header every report touches, then one 64-byte slot per hop (the path
+/// is their switch ids, no separate array). A report of a 4-hop flow touches ~5 cache lines,
+/// contiguous (the profile's top cost is the first touch of a flow's state: 10 000 flows do
+/// not fit the cache; see bench/int-collector/README.md).
 #[derive(Debug, Clone)]
 #[repr(C)]
 struct FlowState {
@@ -178,23 +179,32 @@ struct FlowState {
     reports: u32,
     last_seq: u32,
     reporter: u32,
-    len: u8,
     /// Per-hop (postcard/MX/v0.5) flows are announced after `settle`.
     announced: bool,
     stacked: bool,
-    hot: [HotHop; MAX_HOPS],
-    cold: [ColdHop; MAX_HOPS],
+    /// The path's hops, source first: inline up to INLINE_HOPS (a flow's state stays ~0.5 KB,
+    /// was 1.1 KB with 16 inline slots: 10 000 flows then outgrow the TLB's reach), on the
+    /// heap beyond, at most MAX_HOPS.
+    hops: SmallVec<[HopSlot; INLINE_HOPS]>,
+}
+
+/// One hop of a flow: 64 bytes, a cache line's worth, the hop slots of a flow contiguous
+/// after its header so the hardware prefetcher follows them.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+struct HopSlot {
+    hot: HotHop,
+    cold: ColdHop,
 }
 
 impl FlowState {
     #[inline]
     fn len(&self) -> usize {
-        usize::from(self.len)
+        self.hops.len()
     }
     #[inline]
-    fn set_hop(&mut self, i: usize, md: &Md) {
-        self.hot[i] = HotHop::fresh(md);
-        self.cold[i] = ColdHop::of(md);
+    fn push_hop(&mut self, md: &Md) {
+        self.hops.push(HopSlot { hot: HotHop::fresh(md), cold: ColdHop::of(md) });
     }
 }
 
@@ -414,11 +424,9 @@ impl State {
                     reports: 0,
                     last_seq: 0,
                     reporter: r.node_id,
-                    len: 0,
                     announced: stacked,
                     stacked,
-                    hot: [HotHop::default(); MAX_HOPS],
-                    cold: [ColdHop::default(); MAX_HOPS],
+                    hops: SmallVec::new(),
                 })
             }
         };
@@ -428,12 +436,12 @@ impl State {
         fs.reporter = r.node_id;
         if stacked {
             fs.stacked = true;
-            let same = fs.len() == hops.len() && hops.iter().zip(&fs.hot[..fs.len()]).all(|(h, p)| h.node == p.node);
+            let same = fs.len() == hops.len() && hops.iter().zip(&fs.hops[..fs.len()]).all(|(h, p)| h.node == p.hot.node);
             if !same {
                 // `hops` holds at most MAX_HOPS (= 16) entries.
-                fs.len = hops.len() as u8;
-                for (i, h) in hops.iter().enumerate() {
-                    fs.set_hop(i, h);
+                fs.hops.clear();
+                for h in hops {
+                    fs.push_hop(h);
                 }
                 reason = Some(if is_new { IntEventReason::NewFlow } else { IntEventReason::PathChange });
                 fs.announced = true;
@@ -443,9 +451,8 @@ impl State {
             let h = &hops[hops.len() - 1];
             let id = h.node;
             let n = fs.len();
-            if !fs.hot[..n].iter().any(|p| p.node == id) && n < MAX_HOPS {
-                fs.set_hop(n, h);
-                fs.len += 1;
+            if !fs.hops[..n].iter().any(|p| p.hot.node == id) && n < MAX_HOPS {
+                fs.push_hop(h);
                 if fs.announced {
                     reason = Some(IntEventReason::PathChange);
                 }
@@ -460,13 +467,13 @@ impl State {
             let i = if stacked {
                 j
             } else {
-                match fs.hot[..n].iter().position(|p| Some(p.node) == h.node()) {
+                match fs.hops[..n].iter().position(|p| Some(p.hot.node) == h.node()) {
                     Some(i) => i,
                     None => continue,
                 }
             };
-            fs.cold[i] = ColdHop::of(h);
-            let st = &mut fs.hot[i];
+            fs.hops[i].cold = ColdHop::of(h);
+            let st = &mut fs.hops[i].hot;
             st.update(h);
             if reason.is_some() {
                 continue;
@@ -488,8 +495,8 @@ impl State {
                 reason = Some(IntEventReason::NewFlow);
             } else {
                 // Baselines start from the first values seen.
-                for st in &mut fs.hot[..n] {
-                    st.set_baseline(lq, qq);
+                for st in &mut fs.hops[..n] {
+                    st.hot.set_baseline(lq, qq);
                 }
             }
         }
@@ -510,12 +517,12 @@ impl State {
         let header = self.header(now);
         let hop_headers: Vec<_> = if hop_records { (0..len).map(|_| self.header(now)).collect() } else { Vec::new() };
         let fs = self.flows.get_mut(&key)?;
-        for st in &mut fs.hot[..len] {
-            st.set_baseline(lq, qq);
+        for st in &mut fs.hops[..len] {
+            st.hot.set_baseline(lq, qq);
         }
         fs.last_export_ns = now;
-        let hops: Vec<IntHop> = fs.hot[..len].iter().zip(&fs.cold[..len]).map(|(h, c)| int_hop(h, c, full)).collect();
-        let e2e = end_to_end(&fs.hot[..len], &fs.cold[..len], fs.stacked);
+        let hops: Vec<IntHop> = fs.hops[..len].iter().map(|h| int_hop(&h.hot, &h.cold, full)).collect();
+        let e2e = end_to_end(&fs.hops[..len], fs.stacked);
         let tuple = five_tuple(&key);
         for (i, (h, header)) in hops.iter().zip(hop_headers).enumerate() {
             let rec = cgloop_proto::v1::IntHopRecord { header, five_tuple: Some(tuple.clone()), hop_index: i as u32, hop: Some(*h) };
@@ -524,7 +531,7 @@ impl State {
         let rec = IntFlowRecord {
             header,
             five_tuple: Some(tuple),
-            path_switch_ids: fs.hot[..len].iter().map(|h| h.node).collect(),
+            path_switch_ids: fs.hops[..len].iter().map(|h| h.hot.node).collect(),
             hops,
             end_to_end_latency_ns: e2e,
             reason: reason as i32,
@@ -610,12 +617,12 @@ fn int_hop(h: &HotHop, c: &ColdHop, full: u32) -> IntHop {
 /// they are ordered; otherwise (32-bit timestamps, or per-hop reports of different packets) the
 /// sum of hop latencies (switch clocks need not be synchronised). An absent timestamp is 0,
 /// which the 64-bit check below rejects.
-fn end_to_end(hot: &[HotHop], cold: &[ColdHop], stacked: bool) -> u64 {
-    let first = cold.first().map(|h| h.ingress_ts).filter(|_| stacked);
-    let last = cold.last().map(|h| h.egress_ts);
+fn end_to_end(hops: &[HopSlot], stacked: bool) -> u64 {
+    let first = hops.first().map(|h| h.cold.ingress_ts).filter(|_| stacked);
+    let last = hops.last().map(|h| h.cold.egress_ts);
     match (first, last) {
         (Some(a), Some(b)) if b > a && a > u64::from(u32::MAX) => b - a,
-        _ => hot.iter().map(|h| u64::from(h.latency)).sum(),
+        _ => hops.iter().map(|h| u64::from(h.hot.latency)).sum(),
     }
 }
 

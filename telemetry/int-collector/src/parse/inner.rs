@@ -125,7 +125,7 @@ impl<'a> IntHeader<'a> {
     pub fn hops(&self) -> Hops<'a> {
         let stride = usize::from(self.hop_ml) * 4;
         let stack = if self.kind == IntKind::Md { self.stack } else { &[][..] };
-        Hops { stack, stride, plan: Plan::cached(self.instruction_bitmap, self.layout()), at: 0 }
+        Hops { stack, stride, plan: Plan::new(self.instruction_bitmap, self.layout()), at: 0 }
     }
 }
 
@@ -135,7 +135,7 @@ impl<'a> IntHeader<'a> {
     pub fn compact_hops(&self) -> impl Iterator<Item = CompactHop> + 'a {
         let stride = usize::from(self.hop_ml) * 4;
         let stack = if self.kind == IntKind::Md && stride > 0 { self.stack } else { &[][..] };
-        let plan = Plan::cached(self.instruction_bitmap, self.layout());
+        let plan = Plan::new(self.instruction_bitmap, self.layout());
         stack.chunks_exact(stride.max(1)).map_while(move |hop| plan.decode_compact(hop).ok())
     }
 }

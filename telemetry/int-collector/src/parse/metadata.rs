@@ -82,7 +82,7 @@ fn item_len(bit: u32, layout: Layout) -> usize {
 
 /// Decode one node's baseline metadata from the front of `buf`; returns it and the bytes used.
 pub fn decode(bitmap: u16, buf: &[u8], layout: Layout) -> Result<(HopMetadata, usize)> {
-    let plan = Plan::cached(bitmap, layout);
+    let plan = Plan::new(bitmap, layout);
     Ok((plan.decode(buf)?, plan.size()))
 }
 
@@ -111,33 +111,6 @@ impl Plan {
             }
         }
         Plan { off, len: at as u8, layout }
-    }
-
-    /// `Plan::new`, remembered per thread for the last bitmap of each layout: a fabric uses
-    /// one or a few bitmaps, so the 16-step loop runs once instead of once or twice per report.
-    #[inline]
-    pub fn cached(bitmap: u16, layout: Layout) -> Plan {
-        use std::cell::Cell;
-        thread_local! {
-            static LAST: Cell<[Option<(u16, Plan)>; 3]> = const { Cell::new([None; 3]) };
-        }
-        let slot = match layout {
-            Layout::IntV2 => 0,
-            Layout::ReportV2 => 1,
-            Layout::IntV1 => 2,
-        };
-        LAST.with(|last| {
-            let mut all = last.get();
-            match all[slot] {
-                Some((b, plan)) if b == bitmap => plan,
-                _ => {
-                    let plan = Plan::new(bitmap, layout);
-                    all[slot] = Some((bitmap, plan));
-                    last.set(all);
-                    plan
-                }
-            }
-        })
     }
 
     /// Bytes one node writes (`baseline_len`).
@@ -447,15 +420,6 @@ mod tests {
                     let full = plan.decode(b).map(|md| CompactHop::from_metadata(&md));
                     assert_eq!(plan.decode_compact(b), full, "{layout:?} {bitmap:#06x} at {start}");
                 }
-            }
-        }
-    }
-
-    #[test]
-    fn cached_plan_is_the_plan_of_its_bitmap() {
-        for layout in [Layout::IntV2, Layout::ReportV2, Layout::IntV1] {
-            for bitmap in [0xff80u16, 0xff80, 0x1000, 0xff00, 0xff80, 0x0001] {
-                assert_eq!(Plan::cached(bitmap, layout), Plan::new(bitmap, layout), "{layout:?} {bitmap:#06x}");
             }
         }
     }
