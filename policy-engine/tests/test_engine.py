@@ -338,6 +338,8 @@ def test_shipped_power_and_chain_policies_reach_the_agent(agent: AgentServer) ->
     assert states(events) == ["action:PROPOSED", "APPLIED", "VERIFIED"]
     pinned = agent.agent.state.power[2]
     assert pinned.xman_mode == 4 and pinned.min_frequency_khz == pinned.max_frequency_khz
+    # Latency-critical cores stay in C0 (X-MAN: C1 costs +137 % latency).
+    assert all(c.forbid_cstates for c in agent.agent.state.power.values())
     # Coordination: the power action blocks chain changes on the node during its hold.
     det = detection(
         clock(),
