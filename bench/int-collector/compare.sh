@@ -4,7 +4,7 @@
 # printed with the load average, then the median of each and their ratio.
 #   bench/int-collector/compare.sh [BASE_REV (default HEAD~1)] [ROUNDS (default 3)] [bench args...]
 # The baseline is built from `git archive BASE_REV` in a temporary folder, with the same cargo
-# target dir (dependencies are reused; the workspace crates are rebuilt).
+# target dir (dependencies are reused; the contract and collector crates are rebuilt).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -20,12 +20,12 @@ cur_sha="$(git rev-parse --short HEAD)$(git diff --quiet -- telemetry/int-collec
 
 mkdir -p "$work/src"
 git archive "$base_rev" | tar -x -C "$work/src"
-# Archive mtimes are the commit's: make cargo see the sources as changed.
-find "$work/src/telemetry" "$work/src/proto" -type f -exec touch {} +
-(cd "$work/src" && cargo build --release --quiet -p cgloop-int-collector)
+# Both trees share the target dir (and its dependencies): cargo tells the two trees' crates
+# apart by mtime only, so the contract and collector crates are cleaned before each build.
+rebuild() { cargo clean --release --quiet -p cgloop-proto -p cgloop-int-collector; cargo build --release --quiet -p cgloop-int-collector; }
+(cd "$work/src" && rebuild)
 cp "$target/release/cgloop-int-collector" "$work/base"
-find telemetry/int-collector/src -type f -exec touch {} +
-cargo build --release --quiet -p cgloop-int-collector
+rebuild
 cp "$target/release/cgloop-int-collector" "$work/cur"
 
 echo "machine: $(nproc) cores, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
