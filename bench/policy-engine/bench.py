@@ -11,9 +11,11 @@ Figures and the baselines they are compared with, side by side in the same run:
 * decide: detection -> action event inside the engine (guards, journal with fsync, a real
   gRPC call to an in-memory node agent for every applied action) at 10 k detections/s,
   against the same engine with the notify-only actuator and no journal (pure decision cost);
-* kafka: detection produced -> action event consumed, through the real broker at
-  10 k detections/s, against a pass-through consumer that republishes every detection
-  batch unchanged on the same topics (the bus's own latency).
+* kafka: detection produced -> action record consumed, through the real broker at
+  10 k detections/s, the engine being `cgloop policy run` in its own process (as deployed,
+  with an in-memory node agent in a third process), after a 1 s warm-up and a 2 s pause,
+  against a pass-through process that turns every detection into an action record with no
+  policy logic (the bus's own latency).
 """
 
 from __future__ import annotations
