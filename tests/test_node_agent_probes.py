@@ -3,6 +3,7 @@ ProbeRecordBatches arrive on cgloop.probes.v1 in the real broker, strictly decod
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import socket
@@ -43,30 +44,54 @@ def test_udp_echo_probe_records_reach_kafka(stack_settings, tmp_path: Path) -> N
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    (tmp_path / "agent.toml").write_text('[bounds]\ninterfaces = []\n')
+    (tmp_path / "agent.toml").write_text("[bounds]\ninterfaces = []\n")
     sock = tmp_path / "agent.sock"
     procs = [
         _start([binary, "reflect", "--listen", f"127.0.0.1:{port}"], "reflecting"),
-        _start([binary, "serve", "--config", str(tmp_path / "agent.toml"),
-                "--listen", f"unix:{sock}", "--tls-dir", str(certs),
-                "--journal", str(tmp_path / "journal.pb"), "--node-id", "probe-test",
-                "--kafka", stack_settings.bootstrap_servers], "listening on"),
+        _start(
+            [
+                binary,
+                "serve",
+                "--config",
+                str(tmp_path / "agent.toml"),
+                "--listen",
+                f"unix:{sock}",
+                "--tls-dir",
+                str(certs),
+                "--journal",
+                str(tmp_path / "journal.pb"),
+                "--node-id",
+                "probe-test",
+                "--kafka",
+                stack_settings.bootstrap_servers,
+            ],
+            "listening on",
+        ),
     ]
     probe_id = f"p-{uuid.uuid4().hex[:8]}"
-    consumer = BatchConsumer(stack_settings.bootstrap_servers, f"na-{probe_id}",
-                             ["cgloop.probes.v1"])
+    consumer = BatchConsumer(
+        stack_settings.bootstrap_servers, f"na-{probe_id}", ["cgloop.probes.v1"]
+    )
     try:
         creds = grpc.ssl_channel_credentials(
             root_certificates=(certs / "ca.pem").read_bytes(),
             private_key=(certs / "client.key").read_bytes(),
             certificate_chain=(certs / "client.pem").read_bytes(),
         )
-        stub = node_agent_pb2_grpc.NodeAgentServiceStub(grpc.secure_channel(
-            f"unix:{sock}", creds, options=[("grpc.ssl_target_name_override", "localhost")]))
+        stub = node_agent_pb2_grpc.NodeAgentServiceStub(
+            grpc.secure_channel(
+                f"unix:{sock}", creds, options=[("grpc.ssl_target_name_override", "localhost")]
+            )
+        )
         spec = na.ProbeSpec(
-            probe_id=probe_id, method=probe_pb2.PROBE_METHOD_UDP_ECHO,
-            target_addr=bytes([127, 0, 0, 1]), target_port=port, dscp=46,
-            interval_ns=5_000_000, interval_jitter_ns=2_000_000, packet_bytes=120,
+            probe_id=probe_id,
+            method=probe_pb2.PROBE_METHOD_UDP_ECHO,
+            target_addr=bytes([127, 0, 0, 1]),
+            target_port=port,
+            dscp=46,
+            interval_ns=5_000_000,
+            interval_jitter_ns=2_000_000,
+            packet_bytes=120,
             timeout_ns=500_000_000,
         )
         stub.StartProbe(na.StartProbeRequest(action_id="s1", spec=spec), timeout=10)
@@ -104,13 +129,28 @@ def test_node_samples_reach_kafka(stack_settings, tmp_path: Path) -> None:
     subprocess.run([binary, "certs", "--out", str(certs)], check=True, capture_output=True)
     node_id = f"nodes-{uuid.uuid4().hex[:8]}"
     (tmp_path / "agent.toml").write_text(
-        "node_sample_interval_ms = 100\n[bounds]\ninterfaces = []\n")
-    consumer = BatchConsumer(stack_settings.bootstrap_servers, f"na-{node_id}",
-                             ["cgloop.nodes.v1"])
-    proc = _start([binary, "serve", "--config", str(tmp_path / "agent.toml"),
-                   "--listen", f"unix:{tmp_path / 'agent.sock'}", "--tls-dir", str(certs),
-                   "--journal", str(tmp_path / "journal.pb"), "--node-id", node_id,
-                   "--kafka", stack_settings.bootstrap_servers], "listening on")
+        "node_sample_interval_ms = 100\n[bounds]\ninterfaces = []\n"
+    )
+    consumer = BatchConsumer(stack_settings.bootstrap_servers, f"na-{node_id}", ["cgloop.nodes.v1"])
+    proc = _start(
+        [
+            binary,
+            "serve",
+            "--config",
+            str(tmp_path / "agent.toml"),
+            "--listen",
+            f"unix:{tmp_path / 'agent.sock'}",
+            "--tls-dir",
+            str(certs),
+            "--journal",
+            str(tmp_path / "journal.pb"),
+            "--node-id",
+            node_id,
+            "--kafka",
+            stack_settings.bootstrap_servers,
+        ],
+        "listening on",
+    )
     samples = []
     try:
         deadline = time.monotonic() + 30
@@ -125,11 +165,14 @@ def test_node_samples_reach_kafka(stack_settings, tmp_path: Path) -> None:
     assert len(samples) >= 5, f"{len(samples)} node samples arrived"
     seqs = [s.header.sequence for s in samples]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert all(s.node_id == node_id and s.header.source_id == f"{node_id}/node-agent"
-               for s in samples)
+    assert all(
+        s.node_id == node_id and s.header.source_id == f"{node_id}/node-agent" for s in samples
+    )
     cores = os.cpu_count() or 1
     assert all(len(s.cores) == cores for s in samples)
     assert all(0.0 <= c.utilization <= 1.0 for s in samples for c in s.cores)
-    gaps = [(b.header.timestamp_ns - a.header.timestamp_ns) / 1e6
-            for a, b in zip(samples, samples[1:])]
+    gaps = [
+        (b.header.timestamp_ns - a.header.timestamp_ns) / 1e6
+        for a, b in itertools.pairwise(samples)
+    ]
     assert all(50 <= g <= 1000 for g in gaps), gaps
