@@ -123,3 +123,49 @@ def test_overdue_notices_detect_a_latency_breach_before_the_replies_do(small_mod
     assert early is not None and late is not None
     # min duration 50 ms + the 20 ms notice, against 50 ms + the 60 ms RTT of the last probe
     assert early <= 75_000_000 < 105_000_000 <= late
+
+
+def _reprioritised(eng: AnalyticsEngine, flow: FiveTuple, action_id: str) -> None:
+    """The loop moved `flow` (one direction) to DSCP 46: its action and result as published."""
+    from cgloop.v1 import action_pb2 as apb
+
+    action = apb.Action(
+        id=action_id,
+        operation=apb.ACTION_OPERATION_REPRIORITISE_FLOW,
+        parameters={"class_id": "0x10020", "rewrite_dscp": "46"},
+        target=apb.ActionTarget(flow=flow),
+    )
+    result = apb.ActionResult(action_id=action_id, state=apb.ACTION_STATE_APPLIED)
+    eng.on_actions([apb.ActionEvent(action=action), apb.ActionEvent(result=result)])
+
+
+def _detects_on_best_effort_probes(small_model, moved: str) -> bool:
+    """A classified gaming flow, one direction of which the loop moved to EF; do best-effort
+    (DSCP 0) probes at 60 ms still count as its downstream latency?"""
+    from cgloop.analytics.features import split_directions
+
+    model, card = small_model
+    eng = AnalyticsEngine(model, card.version, EngineConfig(
+        latency_slo_ms=20.0, slo_min_duration_s=1.0, latency_min_duration_s=0.05))
+    recs = gaming_records("gfn", 3, seed=5)
+    for r in recs:
+        eng.on_flows([r])
+    down, up = split_directions(recs)
+    assert down and up, "the synthetic session has both directions"
+    _reprioritised(eng, (down if moved == "down" else up)[0].five_tuple, f"a-{moved}")
+    target = down[0].five_tuple.dst_addr
+    t0 = recs[-1].interval_end_ns
+    for i in range(30):
+        sent = t0 + i * 10_000_000
+        out = eng.on_probes([_probe(target, i, sent, 60_000_000, False)])
+        if any(d.kind == K.DETECTION_KIND_SLO_LATENCY for d in out):
+            return True
+    return False
+
+
+def test_probes_follow_the_direction_the_loop_moved_not_its_reverse(small_model):
+    # The client's input stream (upstream) was moved to EF: the downstream video is still in
+    # best effort, so best-effort probes are its latency and a 60 ms queue is detected.
+    assert _detects_on_best_effort_probes(small_model, moved="up")
+    # The downstream itself was moved: best-effort probes no longer measure its queue.
+    assert not _detects_on_best_effort_probes(small_model, moved="down")

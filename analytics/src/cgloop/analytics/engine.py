@@ -17,7 +17,7 @@ from cgloop.analytics.detectors.overload import QueueOverloadDetector
 from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, SloDetector
 from cgloop.analytics.features import FEATURE_NAMES, split_directions, window_features
 from cgloop.analytics.model import FlowClassifier
-from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label
+from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label, tuple_key
 from cgloop.v1.action_pb2 import Action, ActionOperation, ActionState
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
@@ -94,9 +94,11 @@ class AnalyticsEngine:
         # Gaming conversations by endpoint address (server and client): active probes toward
         # either end measure the path the flow takes.
         self.servers: dict[bytes, set[TupleKey]] = {}
-        # DSCP a conversation's packets now carry downstream, when an action rewrote it (from
-        # cgloop.actions.v1): probes are matched to flows by the queue (DSCP) they measure.
-        self.flow_dscp: dict[TupleKey, int] = {}
+        # DSCP a flow's packets now carry, when an action rewrote it (from cgloop.actions.v1):
+        # probes are matched to flows by the queue (DSCP) they measure. Per conversation, then
+        # per direction: an action on one direction (say a client's input stream) does not
+        # move the other one's packets.
+        self.flow_dscp: dict[TupleKey, dict[TupleKey, int]] = {}
         self._actions: OrderedDict[str, Action] = OrderedDict()
         self._latency_windows: dict[TupleKey, tuple[int, float, int]] = {}
         self._seq: dict[str, _SeqState] = {}
@@ -225,7 +227,9 @@ class AnalyticsEngine:
                 down, _ = split_directions(list(conv.records))
                 if not down:
                     continue
-                dscp = self.flow_dscp.get(key, down[-1].last_dscp)
+                dscp = self.flow_dscp.get(key, {}).get(
+                    tuple_key(down[0].five_tuple), down[-1].last_dscp
+                )
                 if p.dscp != dscp:
                     continue  # a probe of another queue than the one this flow is in
                 out += self._latency(key, down[0].five_tuple, p.header.timestamp_ns, p.rtt_ns)
@@ -259,14 +263,19 @@ class AnalyticsEngine:
                 if a is None:
                     continue
                 key = conversation_key(a.target.flow)
+                direction = tuple_key(a.target.flow)
                 if e.result.state in (ActionState.ACTION_STATE_APPLIED,
                                       ActionState.ACTION_STATE_VERIFIED):
                     try:
-                        self.flow_dscp[key] = int(a.parameters["rewrite_dscp"], 0)
+                        dscp = int(a.parameters["rewrite_dscp"], 0)
                     except ValueError:
                         continue
+                    self.flow_dscp.setdefault(key, {})[direction] = dscp
                 elif e.result.state == ActionState.ACTION_STATE_ROLLED_BACK:
-                    self.flow_dscp.pop(key, None)
+                    marks = self.flow_dscp.get(key, {})
+                    marks.pop(direction, None)
+                    if not marks:
+                        self.flow_dscp.pop(key, None)
         return []
 
     def on_int(self, records) -> list[Detection]:
