@@ -125,7 +125,9 @@ def test_overdue_notices_detect_a_latency_breach_before_the_replies_do(small_mod
     assert early <= 75_000_000 < 105_000_000 <= late
 
 
-def _reprioritised(eng: AnalyticsEngine, flow: FiveTuple, action_id: str) -> None:
+def _reprioritised(
+    eng: AnalyticsEngine, flow: FiveTuple, action_id: str, applied_ns: int
+) -> None:
     """The loop moved `flow` (one direction) to DSCP 46: its action and result as published."""
     from cgloop.v1 import action_pb2 as apb
 
@@ -135,13 +137,16 @@ def _reprioritised(eng: AnalyticsEngine, flow: FiveTuple, action_id: str) -> Non
         parameters={"class_id": "0x10020", "rewrite_dscp": "46"},
         target=apb.ActionTarget(flow=flow),
     )
-    result = apb.ActionResult(action_id=action_id, state=apb.ACTION_STATE_APPLIED)
+    result = apb.ActionResult(
+        action_id=action_id, state=apb.ACTION_STATE_APPLIED, applied_ns=applied_ns
+    )
     eng.on_actions([apb.ActionEvent(action=action), apb.ActionEvent(result=result)])
 
 
-def _detects_on_best_effort_probes(small_model, moved: str) -> bool:
-    """A classified gaming flow, one direction of which the loop moved to EF; do best-effort
-    (DSCP 0) probes at 60 ms still count as its downstream latency?"""
+def _detects_on_best_effort_probes(small_model, moved: str, stale: bool = False) -> bool:
+    """A classified gaming flow, one direction of which the loop moved to EF (or, `stale`, an
+    action on the same five-tuple from before the conversation began: a replay or an earlier
+    run); do best-effort (DSCP 0) probes at 60 ms still count as its downstream latency?"""
     from cgloop.analytics.features import split_directions
 
     model, card = small_model
@@ -152,9 +157,10 @@ def _detects_on_best_effort_probes(small_model, moved: str) -> bool:
         eng.on_flows([r])
     down, up = split_directions(recs)
     assert down and up, "the synthetic session has both directions"
-    _reprioritised(eng, (down if moved == "down" else up)[0].five_tuple, f"a-{moved}")
-    target = down[0].five_tuple.dst_addr
     t0 = recs[-1].interval_end_ns
+    applied = recs[0].interval_start_ns - 60 * NS if stale else t0
+    _reprioritised(eng, (down if moved == "down" else up)[0].five_tuple, f"a-{moved}", applied)
+    target = down[0].five_tuple.dst_addr
     for i in range(30):
         sent = t0 + i * 10_000_000
         out = eng.on_probes([_probe(target, i, sent, 60_000_000, False)])
@@ -169,3 +175,6 @@ def test_probes_follow_the_direction_the_loop_moved_not_its_reverse(small_model)
     assert _detects_on_best_effort_probes(small_model, moved="up")
     # The downstream itself was moved: best-effort probes no longer measure its queue.
     assert not _detects_on_best_effort_probes(small_model, moved="down")
+    # ... but not by an action older than the conversation: the agent that applied it may be
+    # gone (each lab run starts a fresh one) and the five-tuple reused.
+    assert _detects_on_best_effort_probes(small_model, moved="down", stale=True)

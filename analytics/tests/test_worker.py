@@ -13,6 +13,7 @@ from cgloop.analytics.worker import Worker
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.flow_pb2 import FlowRecordBatch
+from cgloop.v1.probe_pb2 import ProbeRecordBatch
 
 pytestmark = pytest.mark.kafka
 
@@ -57,6 +58,8 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
     for i in range(0, len(recs), 10):
         prod.send("cgloop.flows.v1", FlowRecordBatch(records=recs[i:i + 10]), key=key)
     prod.send_raw("cgloop.flows.v1", b"\x0a\x40garbage", key=key)  # must be dead-lettered
+    for k in range(8):  # other topics and partitions: their progress must be committed too
+        prod.send("cgloop.probes.v1", ProbeRecordBatch(), key=f"{run}-{k}")
     prod.flush()
 
     state = tmp_path / "worker.json"
@@ -78,6 +81,7 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
     w2 = Worker(AnalyticsEngine(model, card.version), bootstrap, state, group)
     _run_until_idle(w2, idle_s=3, limit_s=12)
     assert w2.stats.detections == 0
+    assert w2.stats.messages == 0, "a partition's progress was not committed: re-read"
 
     # offsets lost (a new group re-reads everything) but the state file survives:
     # replays below the persisted offsets are skipped, the rest is suppressed

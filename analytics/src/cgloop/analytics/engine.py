@@ -97,8 +97,10 @@ class AnalyticsEngine:
         # DSCP a flow's packets now carry, when an action rewrote it (from cgloop.actions.v1):
         # probes are matched to flows by the queue (DSCP) they measure. Per conversation, then
         # per direction: an action on one direction (say a client's input stream) does not
-        # move the other one's packets.
-        self.flow_dscp: dict[TupleKey, dict[TupleKey, int]] = {}
+        # move the other one's packets. With the time the change was applied: an action older
+        # than the conversation (a replay, or an earlier run on the same five-tuple, whose
+        # agent state is gone) does not say where its packets are.
+        self.flow_dscp: dict[TupleKey, dict[TupleKey, tuple[int, int]]] = {}
         self._actions: OrderedDict[str, Action] = OrderedDict()
         self._latency_windows: dict[TupleKey, tuple[int, float, int]] = {}
         self._seq: dict[str, _SeqState] = {}
@@ -227,9 +229,10 @@ class AnalyticsEngine:
                 down, _ = split_directions(list(conv.records))
                 if not down:
                     continue
-                dscp = self.flow_dscp.get(key, {}).get(
-                    tuple_key(down[0].five_tuple), down[-1].last_dscp
-                )
+                dscp = down[-1].last_dscp
+                moved = self.flow_dscp.get(key, {}).get(tuple_key(down[0].five_tuple))
+                if moved is not None and moved[1] >= conv.first_ns:
+                    dscp = moved[0]
                 if p.dscp != dscp:
                     continue  # a probe of another queue than the one this flow is in
                 out += self._latency(key, down[0].five_tuple, p.header.timestamp_ns, p.rtt_ns)
@@ -270,7 +273,8 @@ class AnalyticsEngine:
                         dscp = int(a.parameters["rewrite_dscp"], 0)
                     except ValueError:
                         continue
-                    self.flow_dscp.setdefault(key, {})[direction] = dscp
+                    applied = e.result.applied_ns or e.result.header.timestamp_ns
+                    self.flow_dscp.setdefault(key, {})[direction] = (dscp, applied)
                 elif e.result.state == ActionState.ACTION_STATE_ROLLED_BACK:
                     marks = self.flow_dscp.get(key, {})
                     marks.pop(direction, None)

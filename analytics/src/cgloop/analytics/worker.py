@@ -111,7 +111,10 @@ class Worker:
         self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections",
                                       **{"linger.ms": 0})
         self.commit_every_s = commit_every_s
-        self._pending = None  # last handled message not yet committed
+        # Last handled message per topic-partition not yet committed: a commit covers one
+        # partition, so every partition's progress is kept (a restart would otherwise replay
+        # the partitions that were not the last one handled, e.g. hours of old actions).
+        self._pending: dict[tuple[str, int], object] = {}
         self._last_commit = time.monotonic()
         self.state = StateFile(state_path)
         self.stats = WorkerStats()
@@ -146,7 +149,7 @@ class Worker:
             self.engine.evict()
             self._last_evict = now
         if item is None:
-            if self._pending is not None:
+            if self._pending:
                 self._commit()  # idle: nothing is worth leaving uncommitted
             return False
         t, batch, msg = item
@@ -184,18 +187,21 @@ class Worker:
             ts_type, ts_ms = msg.timestamp()
             if ts_type and ts_ms > 0:
                 self.stats.end_to_end_s.append(max(0.0, time.time() - ts_ms / 1000))
-        # A synchronous commit costs a broker round trip: commit at once after detections,
-        # otherwise at most every commit_every_s. A crash replays at most that much input,
-        # which the state file's offsets and the suppressor keep from re-alerting.
-        self._pending = msg
+        # Commit at once after detections, otherwise at most every commit_every_s. A crash
+        # replays at most that much input, which the state file's offsets and the suppressor
+        # keep from re-alerting.
+        self._pending[(msg.topic(), msg.partition())] = msg
         if fresh or time.monotonic() - self._last_commit >= self.commit_every_s:
             self._commit()
         return True
 
-    def _commit(self) -> None:
-        if self._pending is not None:
-            self.consumer.commit(self._pending)
-            self._pending = None
+    def _commit(self, asynchronous: bool = True) -> None:
+        # Asynchronous while running (no broker round trip per partition on the detection
+        # path; a crash replays what the state file's offsets and the suppressor recognise);
+        # synchronous when stopping.
+        for msg in self._pending.values():
+            self.consumer.commit(msg, asynchronous=asynchronous)  # type: ignore[arg-type]
+        self._pending = {}
         self._last_commit = time.monotonic()
 
     def run(self, max_idle_s: float | None = None, install_signals: bool = True) -> WorkerStats:
@@ -212,7 +218,7 @@ class Worker:
         return self.stats
 
     def close(self) -> None:
-        self._commit()
+        self._commit(asynchronous=False)
         self.state.save()
         self.consumer.close()
         self.producer.flush()
