@@ -91,15 +91,21 @@ def _probe(target: bytes, seq: int, sent_ns: int, rtt_ns: int, overdue: bool) ->
     )
 
 
-def _slo_latency_at(small_model, notices: bool) -> int | None:
-    """When (in the probes' arrival order) a 60 ms queue fires the SLO latency detection of a
-    classified gaming flow, probed every 10 ms; None if it never does."""
+def _classified_session(small_model) -> tuple[AnalyticsEngine, list[FlowRecord]]:
+    """An engine with the loop's latency settings that has classified a 3 s GFN session."""
     model, card = small_model
     eng = AnalyticsEngine(model, card.version, EngineConfig(
         latency_slo_ms=20.0, slo_min_duration_s=1.0, latency_min_duration_s=0.05))
     recs = gaming_records("gfn", 3, seed=5)
     for r in recs:
         eng.on_flows([r])
+    return eng, recs
+
+
+def _slo_latency_at(small_model, notices: bool) -> int | None:
+    """When (in the probes' arrival order) a 60 ms queue fires the SLO latency detection of a
+    classified gaming flow, probed every 10 ms; None if it never does."""
+    eng, recs = _classified_session(small_model)
     target = recs[0].five_tuple.dst_addr
     assert eng.servers.get(target), "the gaming flow is classified and its client known"
     t0 = recs[-1].interval_end_ns
@@ -149,12 +155,7 @@ def _detects_on_best_effort_probes(small_model, moved: str, stale: bool = False)
     run); do best-effort (DSCP 0) probes at 60 ms still count as its downstream latency?"""
     from cgloop.analytics.features import split_directions
 
-    model, card = small_model
-    eng = AnalyticsEngine(model, card.version, EngineConfig(
-        latency_slo_ms=20.0, slo_min_duration_s=1.0, latency_min_duration_s=0.05))
-    recs = gaming_records("gfn", 3, seed=5)
-    for r in recs:
-        eng.on_flows([r])
+    eng, recs = _classified_session(small_model)
     down, up = split_directions(recs)
     assert down and up, "the synthetic session has both directions"
     t0 = recs[-1].interval_end_ns
