@@ -10,9 +10,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, ProgramInput};
 
 use crate::account::{account, new_flow, AccountConfig};
-use crate::bpf_types::{
-    key_bytes, FlowKey, FlowValue, KeyBytes, FIRST_ERROR_STAT, STAT_NAMES,
-};
+use crate::bpf_types::{key_bytes, FlowKey, FlowValue, KeyBytes, FIRST_ERROR_STAT, STAT_NAMES};
 use crate::parse::parse_ethernet;
 use crate::skel::FlowProbeSkelBuilder;
 

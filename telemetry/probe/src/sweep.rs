@@ -255,7 +255,11 @@ impl Sweeper {
             ecn_ect1_packets: v.ecn[1].wrapping_sub(b.ecn[1]) as u64,
             ecn_ce_packets: v.ecn[3].wrapping_sub(b.ecn[3]) as u64,
             last_dscp: v.last_dscp as u32,
-            tcp_flags_seen: if current { v.tcp_flags as u32 } else { 0 },
+            // The interval's flags, plus any flag first seen since this flow's last record: a
+            // packet racing the epoch bump can reset the interval's flags before the read (a
+            // SYN was lost so), but the lifetime OR keeps it.
+            tcp_flags_seen: (if current { v.tcp_flags } else { 0 }
+                | (v.tcp_flags_life & !b.tcp_flags_life)) as u32,
             rtp,
         }
     }
@@ -334,6 +338,30 @@ mod tests {
         assert_eq!(s.records[0].packets, 0);
         assert_eq!(s.expired.len(), 1);
         assert_eq!(s.records[0].header.as_ref().unwrap().sequence, 3);
+    }
+
+    const TCP_SYN: u8 = 0x02;
+    const TCP_ACK: u8 = 0x10;
+
+    #[test]
+    fn a_flag_reset_by_a_packet_racing_the_epoch_bump_is_still_reported() {
+        let f = frame(0, 100);
+        let p = parse_ethernet(&f, f.len() as u32).unwrap();
+        let mut v = new_flow(1_000, 0, p.l3_len);
+        // SYN in epoch 0; the sweep bumps to 1; an ACK lands before the read and resets the
+        // interval's flags (epoch 1): only the lifetime OR still holds the SYN.
+        v.packets = 2;
+        v.epoch = 1;
+        v.tcp_flags = TCP_ACK;
+        v.tcp_flags_life = TCP_SYN | TCP_ACK;
+        let mut sweeper = Sweeper::new(SweepConfig::default());
+        let s = sweeper.sweep(10_000, 0, [(p.key, v)], false);
+        assert_eq!(s.records[0].tcp_flags_seen, u32::from(TCP_SYN | TCP_ACK));
+        // Next interval: only an ACK, and the SYN is not reported again.
+        v.packets = 3;
+        v.epoch = 2;
+        let s = sweeper.sweep(20_000, 2, [(p.key, v)], false);
+        assert_eq!(s.records[0].tcp_flags_seen, u32::from(TCP_ACK));
     }
 
     #[test]
