@@ -16,6 +16,27 @@ const TYPE_HEADER: &str = "cgloop-type";
 const SCHEMA_HEADER: &str = "cgloop-schema-version";
 const MAX_BATCH: usize = 500;
 
+/// The agent's Kafka producer: it sends what it is given at once (callers batch).
+pub fn producer(bootstrap: &str, client_id: &str) -> Result<BaseProducer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", client_id)
+        .set("linger.ms", "0")
+        .create()
+        .with_context(|| format!("creating the Kafka producer {client_id} for {bootstrap}"))
+}
+
+/// The cgloop type and schema headers every message carries (`type_name` is the batch's
+/// full protobuf name, e.g. `cgloop.v1.ProbeRecordBatch`).
+pub fn headers(type_name: &str) -> OwnedHeaders {
+    OwnedHeaders::new()
+        .insert(Header { key: TYPE_HEADER, value: Some(type_name) })
+        .insert(Header {
+            key: SCHEMA_HEADER,
+            value: Some(cgloop_proto::SCHEMA_VERSION.to_string().as_str()),
+        })
+}
+
 /// Starts the exporter thread; the returned sender is the probes' record sink. A record waits
 /// at most `max_delay` before it is handed to the producer.
 pub fn start(
@@ -24,13 +45,8 @@ pub fn start(
     client_id: &str,
     max_delay: Duration,
 ) -> Result<mpsc::Sender<ProbeRecord>> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("client.id", client_id)
-        // the batching is ours (max_delay); the producer sends what it is given at once
-        .set("linger.ms", "0")
-        .create()
-        .with_context(|| format!("creating the Kafka producer for {bootstrap}"))?;
+    // the batching is ours (max_delay)
+    let producer = producer(bootstrap, client_id)?;
     let (tx, rx) = mpsc::channel::<ProbeRecord>();
     let topic = topic.to_string();
     std::thread::Builder::new()
@@ -74,13 +90,10 @@ fn send(producer: &BaseProducer, topic: &str, pending: &mut Vec<ProbeRecord>) {
     }
     for (probe_id, records) in by_probe {
         let payload = ProbeRecordBatch { records }.encode_to_vec();
-        let headers = OwnedHeaders::new()
-            .insert(Header { key: TYPE_HEADER, value: Some("cgloop.v1.ProbeRecordBatch") })
-            .insert(Header {
-                key: SCHEMA_HEADER,
-                value: Some(cgloop_proto::SCHEMA_VERSION.to_string().as_str()),
-            });
-        let record = BaseRecord::to(topic).key(probe_id.as_str()).payload(&payload).headers(headers);
+        let record = BaseRecord::to(topic)
+            .key(probe_id.as_str())
+            .payload(&payload)
+            .headers(headers("cgloop.v1.ProbeRecordBatch"));
         if let Err((e, _)) = producer.send(record) {
             tracing::warn!("probe records of {probe_id} not queued for Kafka: {e}");
         }

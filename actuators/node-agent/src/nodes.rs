@@ -11,9 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use cgloop_proto::v1::{CoreSample, FunctionCounters, NodeSample, NodeSampleBatch, NodeState, RecordHeader};
 use prost::Message;
-use rdkafka::config::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord};
+use rdkafka::producer::BaseRecord;
 
 /// Busy and total jiffies of one CPU (`cpuN` line of /proc/stat).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,12 +123,7 @@ pub fn start(
     interval: Duration,
     source: Arc<dyn Source>,
 ) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("client.id", format!("{node_id}-nodes"))
-        .set("linger.ms", "0")
-        .create()
-        .with_context(|| format!("creating the Kafka producer for node samples ({bootstrap})"))?;
+    let producer = crate::export::producer(bootstrap, &format!("{node_id}-nodes"))?;
     let (topic, node_id) = (topic.to_string(), node_id.to_string());
     std::thread::Builder::new()
         .name("node-samples".into())
@@ -153,13 +146,10 @@ pub fn start(
                 seq += 1;
                 let s = sample(&node_id, seq, &util, &source.power_cores(), &state);
                 let payload = NodeSampleBatch { records: vec![s] }.encode_to_vec();
-                let headers = OwnedHeaders::new()
-                    .insert(Header { key: "cgloop-type", value: Some("cgloop.v1.NodeSampleBatch") })
-                    .insert(Header {
-                        key: "cgloop-schema-version",
-                        value: Some(cgloop_proto::SCHEMA_VERSION.to_string().as_str()),
-                    });
-                let record = BaseRecord::to(&topic).key(node_id.as_str()).payload(&payload).headers(headers);
+                let record = BaseRecord::to(&topic)
+                    .key(node_id.as_str())
+                    .payload(&payload)
+                    .headers(crate::export::headers("cgloop.v1.NodeSampleBatch"));
                 if let Err((e, _)) = producer.send(record) {
                     tracing::warn!("node sample {seq} not queued for Kafka: {e}");
                 }
