@@ -11,9 +11,10 @@ from cgloop.analytics.records import conversation_key
 from cgloop.analytics.synthetic import Degradation, gaming_records
 from cgloop.analytics.worker import Worker
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
+from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.flow_pb2 import FlowRecordBatch
-from cgloop.v1.probe_pb2 import ProbeRecordBatch
+from cgloop.v1.probe_pb2 import ProbeRecord, ProbeRecordBatch
 
 pytestmark = pytest.mark.kafka
 
@@ -59,7 +60,11 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
         prod.send("cgloop.flows.v1", FlowRecordBatch(records=recs[i:i + 10]), key=key)
     prod.send_raw("cgloop.flows.v1", b"\x0a\x40garbage", key=key)  # must be dead-lettered
     for k in range(8):  # other topics and partitions: their progress must be committed too
-        prod.send("cgloop.probes.v1", ProbeRecordBatch(), key=f"{run}-{k}")
+        probe = ProbeRecord(
+            header=RecordHeader(schema_version=1, source_id=f"test/{run}-{k}", sequence=1),
+            probe_id=f"{run}-{k}", target_addr=bytes([192, 0, 2, k]), rtt_ns=1_000_000,
+        )
+        prod.send("cgloop.probes.v1", ProbeRecordBatch(records=[probe]), key=f"{run}-{k}")
     prod.flush()
 
     state = tmp_path / "worker.json"
