@@ -99,6 +99,13 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
             producer.send("cgloop.detections.v1", dpb.DetectionBatch(records=[det]), key=run)
             producer.flush()
             _wait(lambda: agent.agent.changes == 1, 60, "the SetFlowClass call")
+            # Applies are asynchronous: the engine records the agent's answer on its next round.
+            _wait(
+                lambda: all(e.result for e in list(engine.journal.entries.values())),
+                10,
+                "the apply's result in the journal",
+                engine,
+            )
             (entry,) = engine.journal.entries.values()
             applied_ns = entry.result.applied_ns
             # The flow got worse after the change: the probes say so, through Kafka.
@@ -180,7 +187,7 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
     stack_settings, tmp_path: Path
 ) -> None:
     """The pipelined service applies at once but holds the offset and the audit events until
-    the journal's group commit has made the decision durable (here held back for 2 s)."""
+    the journal's group commit has made the decision durable (here held back for 4 s)."""
     from confluent_kafka import Producer
 
     bootstrap = stack_settings.bootstrap_servers
@@ -192,7 +199,7 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
         engine = Engine(
             [_policy(run)],
             Router(NodeAgentActuator({"node-a": agent.address})),
-            journal=Journal(tmp_path / "journal.jsonl", commit_delay_s=2.0),
+            journal=Journal(tmp_path / "journal.jsonl", commit_delay_s=4.0),
             source_id=f"policy-engine-{run}",
             apply_async=True,
         )
@@ -215,17 +222,27 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
             _wait(lambda: agent.agent.changes == 1, 60, "the SetFlowClass call", engine)
             # Applied, but the journal has not synced the decision: nothing committed yet.
             assert engine.journal.durable_seq < engine.journal.seq
-            time.sleep(0.5)
+            # The service keeps deciding meanwhile: a second flow's detection is applied
+            # without waiting for the first one's commit (the previous loop waited for it).
+            second = detection(time.time_ns(), client="10.77.0.11", labels=labels)
+            producer.produce(
+                "cgloop.detections.v1",
+                dpb.DetectionBatch(records=[second]).SerializeToString(),
+                key=run,
+            )
+            producer.flush(10)
+            _wait(lambda: agent.agent.changes == 2, 1.5, "the second SetFlowClass call", engine)
             assert _committed(bootstrap, group, partition) <= offset
             assert engine.journal.durable_seq < engine.journal.seq
+            # One group commit makes both rounds durable: the offset moves past both.
             _wait(
-                lambda: _committed(bootstrap, group, partition) == offset + 1,
+                lambda: _committed(bootstrap, group, partition) == offset + 2,
                 30,
                 "the offset commit after the group commit",
                 engine,
             )
             assert engine.journal.durable_seq == engine.journal.seq
-            assert engine.stats.applied == 1
+            assert engine.stats.applied == 2
         finally:
             stop.set()
             worker.join(30)
