@@ -76,6 +76,15 @@ def test_every_topic_reaches_its_tables(sink_store: SinkStore, stack_settings: S
         " AND window = toDateTime('2025-06-15 15:06:00', 'UTC')",
     )
     assert int(rollup[0][0]) >= 3000 and rollup[0][1] == "1500000"
+    # Sizes and gaps per minute come from the summed log2 histograms (migration 0010): the
+    # sample's sizes [.., 12 @ bucket 6, 3 @ 7, 2985 @ 11] have their median in bucket 11
+    # (midpoint 1.5 * 2^10), its gaps' p99 is in bucket 17 (1.5 * 2^16 ns).
+    minute = sink_store.query(
+        "SELECT p50_size_bytes, p99_inter_arrival_ns FROM cgloop.flow_minutes"
+        " WHERE src_addr = toIPv6('198.51.100.7')"
+        " AND minute = toDateTime('2025-06-15 15:06:00', 'UTC')",
+    )
+    assert minute == [["1536", "98304"]]
 
 
 def test_overdue_notices_are_kept_apart_from_measured_rtts(

@@ -69,6 +69,15 @@ class StoreWriter:
             "max_insert_block_size": 1 << 30,
             "min_insert_block_size_rows": 0,
             "min_insert_block_size_bytes": 0,
+            # A view's GROUP BY over a block of >= 100 k rows would switch to two-level
+            # aggregation and hand its target 256 blocks, i.e. 256 parts an insert (5-10x
+            # slower, and a merge backlog): one-level keeps one part a table an insert.
+            "group_by_two_level_threshold": 0,
+            "group_by_two_level_threshold_bytes": 0,
+            # Rows are unique by (source, sequence) within a batch; collapsing equal sort keys
+            # at insert costs ~0.5 us a flow record (bench/datasets) and finds nothing. Replays
+            # are dropped whole by the dedup token; background merges still replace.
+            "optimize_on_insert": 0,
             "parallel_view_processing": int(self.parallel_views),
         }
         if token:

@@ -1,6 +1,7 @@
 """Closing flow minutes: finalised per-flow-minute quantiles in `cgloop.flow_minutes_closed`.
 
-`flow_stats_1m` keeps mergeable t-digest states, which every read must merge and finalise. A
+`flow_stats_1m` keeps mergeable states (t-digests, summed histograms), which every read must merge
+and finalise. A
 closed minute's quantiles never change (unless late rows arrive), so `close_minutes` computes
 them once: it finds the minutes whose states were written after they were last finalised
 (`flow_stats_1m.ingested_at` against `flow_minutes_closed.finalised_at`), keeps those that are
@@ -18,6 +19,23 @@ from clickhouse_connect.driver.client import Client
 TABLE = f"{DATABASE}.flow_minutes_closed"
 GRACE_S = 5
 SLACK_S = 10
+LEVELS = (0.5, 0.9, 0.99, 0.999)
+
+
+def histogram_quantiles(histogram: str, fallback: str) -> str:
+    """SQL for the p50/p90/p99/p99.9 of a summed log2 histogram (`histogram`, an
+    Array(UInt64) expression; bucket i, 1-based, counts values in [2^(i-1), 2^i)): the
+    midpoint 1.5 * 2^(i-1) of the bucket where the running count first reaches the level
+    (bucket 1 reads 0), as the cgloop.flow_minutes view computes it (migration 0010). A minute
+    with no histogram (written before 0010) gives `fallback`, its t-digest quantiles."""
+    levels = ", ".join(str(q) for q in LEVELS)
+    return (
+        f"if(arraySum({histogram}) = 0, {fallback},"
+        f" arrayMap(i -> if(i <= 1, 0., 3 * pow(2, i - 2)),"
+        f" arrayMap(q -> arrayFirstIndex(c -> c >= q * arraySum({histogram}),"
+        f" arrayCumSum({histogram})), [{levels}])))"
+    )
+
 
 # The minutes to (re)finalise: closed, and touched after their last finalisation or up to
 # SLACK_S before it (ingested_at is the second an insert *started*; an insert still running
@@ -36,6 +54,8 @@ WHERE s.touched + INTERVAL {{slack:UInt32}} SECOND >= f.done
 ORDER BY s.window
 """
 
+_SIZE = histogram_quantiles("size_h", "size_td")
+_GAPS = histogram_quantiles("iat_h", "iat_td")
 _FINALISE = f"""
 INSERT INTO {TABLE} (minute, src_addr, dst_addr, src_port, dst_port, ip_protocol, records,
     packets, bytes, lost_packets, dropped_packets, p50_latency_ns, p90_latency_ns,
@@ -47,16 +67,21 @@ SELECT window, src_addr, dst_addr, src_port, dst_port, ip_protocol, records, pac
     jitter[1], jitter[2], jitter[3], jitter[4], size[1], size[3], iat[1], iat[3],
     {{at:DateTime64(6)}}
 FROM (
-    SELECT window, src_addr, dst_addr, src_port, dst_port, ip_protocol,
-        sum(records) AS records, sum(packets) AS packets, sum(bytes) AS bytes,
-        sum(lost_packets) AS lost_packets, sum(dropped_packets) AS dropped_packets,
-        quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(latency_ns) AS latency,
-        quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns) AS jitter,
-        quantilesTDigestWeightedArrayMerge(0.5, 0.9, 0.99, 0.999)(size_bytes) AS size,
-        quantilesTDigestWeightedArrayMerge(0.5, 0.9, 0.99, 0.999)(inter_arrival_ns) AS iat
-    FROM {DATABASE}.flow_stats_1m
-    WHERE window IN {{windows:Array(DateTime)}}
-    GROUP BY window, src_addr, dst_addr, src_port, dst_port, ip_protocol
+    SELECT *, {_SIZE} AS size, {_GAPS} AS iat
+    FROM (
+        SELECT window, src_addr, dst_addr, src_port, dst_port, ip_protocol,
+            sum(records) AS records, sum(packets) AS packets, sum(bytes) AS bytes,
+            sum(lost_packets) AS lost_packets, sum(dropped_packets) AS dropped_packets,
+            quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(latency_ns) AS latency,
+            quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns) AS jitter,
+            sumForEachMerge(size_histogram_bytes) AS size_h,
+            sumForEachMerge(inter_arrival_histogram_ns) AS iat_h,
+            quantilesTDigestWeightedArrayMerge(0.5, 0.9, 0.99, 0.999)(size_bytes) AS size_td,
+            quantilesTDigestWeightedArrayMerge(0.5, 0.9, 0.99, 0.999)(inter_arrival_ns) AS iat_td
+        FROM {DATABASE}.flow_stats_1m
+        WHERE window IN {{windows:Array(DateTime)}}
+        GROUP BY window, src_addr, dst_addr, src_port, dst_port, ip_protocol
+    )
 )
 """
 
