@@ -22,8 +22,10 @@ cols = "window, src_addr, dst_addr, src_port, dst_port, ip_protocol, records"
 client.command(
     f"INSERT INTO cgloop.flow_stats_1m ({cols}, size_bytes, inter_arrival_ns)"
     f" SELECT toDateTime('2020-01-01 00:00:00', 'UTC'), {key}, 1,"
-    " quantilesTDigestWeightedArrayState(0.5, 0.9, 0.99, 0.999)([96, 1536]::Array(UInt64), [9, 1]::Array(UInt64)),"
-    " quantilesTDigestWeightedArrayState(0.5, 0.9, 0.99, 0.999)([6, 3072]::Array(UInt64), [1, 99]::Array(UInt64))"
+    " quantilesTDigestWeightedArrayState(0.5, 0.9, 0.99, 0.999)("
+    "  [96, 1536]::Array(UInt64), [9, 1]::Array(UInt64)),"
+    " quantilesTDigestWeightedArrayState(0.5, 0.9, 0.99, 0.999)("
+    "  [6, 3072]::Array(UInt64), [1, 99]::Array(UInt64))"
 )
 # One written after: histograms, empty t-digests.
 client.command(
