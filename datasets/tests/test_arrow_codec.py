@@ -110,7 +110,9 @@ def test_stream_holds_all_payloads_in_order() -> None:
 
 def test_malformed_payload_raises_value_error_naming_its_index() -> None:
     good = sample_flow_record_batch().SerializeToString()
-    with pytest.raises(ValueError, match=r"^payload 2: not a cgloop\.v1\.FlowRecordBatch: .+"):
+    with pytest.raises(
+        ValueError, match=r"^payload 2: not a cgloop\.v1\.FlowRecordBatch \(record 0\): .+"
+    ):
         flows_to_arrow([good, good, b"\x0a\x64\x01\x02"])  # field 1 claims 100 bytes, has 2
     unknown = FlowRecordBatch()
     unknown.records.add().direction = 9  # no such Direction: ClickHouse refuses it as well
