@@ -8,10 +8,11 @@ chunks of `--chunk` messages as the sink inserts them. Side by side, alternating
 
 1. Decode: `flows_to_arrow(chunk)` against the peer, protobuf-python's (upb)
    `FlowRecordBatch.ParseFromString` of the same messages (which builds no columns at all).
-2. Store insert (chDB, all migrations, the views fill flow_records and the roll-ups), the same
-   chunks: today's StoreWriter (ProtobufList, ClickHouse decodes) against flows_to_arrow +
-   `FORMAT ArrowStream` (decode time included), each into cgloop.flow_ingest; tables truncated
-   between rounds. `--no-store` skips it.
+2. Store insert (chDB, all migrations), the same chunks: today's StoreWriter (ProtobufList,
+   ClickHouse decodes) against flows_to_arrow + `FORMAT ArrowStream` (decode time included),
+   (a) into cgloop.flow_ingest, whose views fill flow_records and the roll-ups (tables
+   truncated between rounds), and (b) into a Null table with the same columns and no views:
+   the formats' own cost. `--no-store` skips it.
 """
 
 from __future__ import annotations
@@ -68,16 +69,27 @@ def bench_decode(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
 
 
 def bench_store(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
+    import dataclasses
+
     import clickhouse_connect
     from cgloop.datasets.records import KINDS
     from cgloop.datasets.sink.writer import StoreWriter
     from cgloop.datasets.store.migrations import migrate
 
     kind = KINDS["cgloop.flows.v1"]
+    # The same Null table without views: the format's own cost, nothing downstream.
+    bare = dataclasses.replace(kind, ingest_table="flow_ingest_bare")
+    # One block an insert and the views side by side, as StoreWriter's; NOT its
+    # min_insert_block_size_rows/bytes = 0: with ArrowStream those two together make the
+    # insert with views ~4x slower (measured on chDB 26.9; protobuf is unaffected).
+    settings = {"max_insert_block_size": 1 << 30, "parallel_view_processing": 1}
     tmp = tempfile.mkdtemp(prefix="bench-arrow-codec-")
     try:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
         migrate(client)
+        client.command(
+            f"CREATE TABLE cgloop.{bare.ingest_table} AS cgloop.flow_ingest ENGINE = Null"
+        )
         writer = StoreWriter(client)
         names = list(writer.columns(kind))
         tables = [
@@ -92,43 +104,50 @@ def bench_store(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
             for t in tables:
                 client.command(f"TRUNCATE TABLE cgloop.{t}")
 
-        def protobuf() -> None:
-            for c in chunks:
-                writer.insert(kind, c, None)
+        def protobuf(k: object) -> Callable[[], None]:
+            def run() -> None:
+                for c in chunks:
+                    writer.insert(k, c, None)  # type: ignore[arg-type]
 
-        # One block an insert and the views side by side, as StoreWriter's; NOT its
-        # min_insert_block_size_rows/bytes = 0: with ArrowStream those two together make the
-        # insert with views ~4x slower (measured on chDB 26.9; protobuf is unaffected).
-        settings = {"max_insert_block_size": 1 << 30, "parallel_view_processing": 1}
+            return run
 
-        def arrow() -> None:
-            for c in chunks:
-                client.raw_insert(
-                    f"cgloop.{kind.ingest_table}",
-                    names,
-                    insert_block=flows_to_arrow(c),
-                    settings=settings,
-                    fmt="ArrowStream",
-                )
+        def arrow(table: str) -> Callable[[], None]:
+            def run() -> None:
+                for c in chunks:
+                    client.raw_insert(
+                        f"cgloop.{table}",
+                        names,
+                        insert_block=flows_to_arrow(c),
+                        settings=settings,
+                        fmt="ArrowStream",
+                    )
+
+            return run
 
         def stored() -> int:
             return int(client.query("SELECT count() FROM cgloop.flow_records").result_rows[0][0])
 
-        pb_s = ar_s = float("inf")
-        for _ in range(repeat):
+        best = dict.fromkeys(("pb", "ar", "pb_bare", "ar_bare"), float("inf"))
+        for _ in range(repeat):  # alternating, so drift in load hits both alike
             truncate()
-            pb_s = min(pb_s, _best(protobuf, 1))
+            best["pb"] = min(best["pb"], _best(protobuf(kind), 1))
             assert stored() == rows, stored()
             truncate()
-            ar_s = min(ar_s, _best(arrow, 1))
+            best["ar"] = min(best["ar"], _best(arrow(kind.ingest_table), 1))
             assert stored() == rows, stored()
+            best["pb_bare"] = min(best["pb_bare"], _best(protobuf(bare), 1))
+            best["ar_bare"] = min(best["ar_bare"], _best(arrow(bare.ingest_table), 1))
         client.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # chDB may still hold files of its own
-    print(f"store insert with views, {rows} rows in {len(chunks)} inserts (best of {repeat}):")
-    print(f"  flows_to_arrow + ArrowStream {rows / ar_s / 1e6:6.2f} M rows/s  ({ar_s:.3f} s)")
-    print(f"  peer StoreWriter ProtobufList {rows / pb_s / 1e6:5.2f} M rows/s  ({pb_s:.3f} s)")
-    print(f"  ratio arrow/protobuf          {pb_s / ar_s:6.2f}x")
+    for label, pb, ar in (
+        ("store insert, flow_ingest with its views", best["pb"], best["ar"]),
+        ("format only, a Null table without views", best["pb_bare"], best["ar_bare"]),
+    ):
+        print(f"{label}, {rows} rows in {len(chunks)} inserts (best of {repeat}):")
+        print(f"  flows_to_arrow + ArrowStream  {rows / ar / 1e6:5.2f} M rows/s  ({ar:.3f} s)")
+        print(f"  peer StoreWriter ProtobufList {rows / pb / 1e6:5.2f} M rows/s  ({pb:.3f} s)")
+        print(f"  ratio arrow/protobuf          {pb / ar:5.2f}x")
 
 
 def main() -> None:
