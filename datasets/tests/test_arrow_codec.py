@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -120,6 +122,36 @@ def test_malformed_payload_raises_value_error_naming_its_index() -> None:
         flows_to_arrow([good, unknown.SerializeToString()])
     with pytest.raises(TypeError):
         flows_to_arrow([good, "not bytes"])  # type: ignore[list-item]
+
+
+def test_decode_releases_the_gil() -> None:
+    """Another Python thread runs while flows_to_arrow decodes (only writing the returned bytes
+    holds the GIL, the call's last part): a call holding it would let no tick in at all."""
+    payloads = _payloads()
+    big = FlowRecordBatch()
+    for p in payloads:
+        big.MergeFromString(p)
+    chunk = [big.SerializeToString()] * 20_000  # 200 000 rows: a fraction of a second
+    window: list[float] = []
+
+    def convert() -> None:
+        window.append(time.perf_counter())
+        flows_to_arrow(chunk)
+        window.append(time.perf_counter())
+
+    ticks: list[float] = []
+    worker = threading.Thread(target=convert)
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+        time.sleep(0)  # yield: with the GIL held elsewhere, this thread waits here
+    worker.join()
+    start, end = window
+    # The second quarter: clear of a thread switch just before the call (5 ms) and of the
+    # final write into the bytes object (about a fifth of the call).
+    d = end - start
+    inside = [t for t in ticks if start + d / 4 < t < start + d / 2]
+    assert inside, f"no tick in the second quarter of a {d:.3f} s call"
 
 
 def _child(path: str, folder: Path) -> None:
