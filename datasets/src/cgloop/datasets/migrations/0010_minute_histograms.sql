@@ -11,7 +11,13 @@
 --
 -- From this migration on flow_stats_1m.size_bytes / inter_arrival_ns hold empty states; rows
 -- written before it keep theirs, and the readers fall back to them where a minute has no
--- histogram. Run migrations with the sink stopped (`cgloop store migrate` does).
+-- histogram. flow_stats_1s.size_bytes / inter_arrival_ns go: empty since 0006 and read by
+-- nothing, they still cost two empty t-digest states built and written per flow-second.
+-- Run migrations with the sink stopped (`cgloop store migrate` does).
+
+ALTER TABLE cgloop.flow_stats_1s
+    DROP COLUMN IF EXISTS size_bytes,
+    DROP COLUMN IF EXISTS inter_arrival_ns;
 
 ALTER TABLE cgloop.flow_stats_1m
     ADD COLUMN IF NOT EXISTS size_histogram_bytes AggregateFunction(sumForEach, Array(UInt64))

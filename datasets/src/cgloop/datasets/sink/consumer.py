@@ -10,6 +10,11 @@ How a batch travels:
    table and roll-up keeps recent tokens and drops a block it has already seen.
 4. Only then is the offset committed.
 
+Steps 2-3 run on the sink's writer thread, one chunk after another, while the consumer thread
+goes on reading and cutting the next chunks, and commits (4) what the writer has stored:
+Kafka fetches and the Arrow codec (which releases the GIL) overlap the store's insert. At most
+`inflight_chunks` chunks wait for the writer; then the consumer thread waits too.
+
 A crash between 3 and 4 replays the partition from the last commit; on assignment the sink
 reads the plans past that commit and cuts the replayed messages at exactly the same offsets, so
 the replayed chunk carries the same token and the store drops it: nothing lost, nothing
@@ -17,16 +22,20 @@ counted twice (the same holds in the roll-ups, which a key-based ReplacingMergeT
 cannot promise).
 
 Bad input: each message's type header and emptiness are checked on arrival; on the strict
-topics (all but flows and INT) every message is decoded and validated in Python first. If
-ClickHouse cannot decode a chunk, its messages are validated one by one; the undecodable go to
-the dead-letter topic with the reason, the rest are inserted. Back-pressure: the loop does not
-poll while it inserts, and librdkafka's prefetch queue is capped, so a slow store slows
-consumption instead of growing memory.
+topics (all but flows and INT) every message is decoded and validated in Python first. If the
+Arrow codec (flows) or ClickHouse cannot decode a chunk, its messages are validated one by one;
+the undecodable go to the dead-letter topic with the reason, the rest are inserted.
+Back-pressure: the consumer thread stops polling while `inflight_chunks` chunks wait for the
+writer, and librdkafka's prefetch queue is capped, so a slow store slows consumption instead of
+growing memory.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,7 +46,7 @@ from cgloop.bus.topics import DEADLETTER, TOPICS
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
-from cgloop.datasets.sink.writer import StoreWriteError, StoreWriter
+from cgloop.datasets.sink.writer import Encoded, StoreWriteError, StoreWriter, UndecodableBatch
 from cgloop.datasets.store.minutes import close_minutes
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
@@ -72,6 +81,9 @@ class SinkConfig(BaseModel):
     # How often flow minutes are closed (finalised into cgloop.flow_minutes_closed) while
     # flow/INT rows are being written; 0 disables it.
     close_minutes_every_s: float = Field(default=10.0, ge=0)
+    # Cut chunks waiting for the writer thread (the one being inserted not counted); the
+    # consumer thread stops polling beyond this. Each holds up to max_chunk_bytes.
+    inflight_chunks: int = Field(default=1, ge=1)
 
 
 @dataclass
@@ -87,6 +99,9 @@ class Chunk:
     opened: float = field(default_factory=time.monotonic)
     # Set when replaying a planned chunk: close exactly at this offset.
     planned_last: int | None = None
+    # The insert body, encoded on the consumer thread when the chunk is cut (or why not).
+    encoded: Encoded | None = None
+    undecodable: UndecodableBatch | None = None
 
 
 def ensure_plans_table(client: object) -> None:
@@ -136,8 +151,16 @@ class Sink:
             }
         )
         self._deadletters = BatchProducer(bootstrap, client_id=f"{self.config.group_id}-dl")
-        self._dl_sequence = time.time_ns()  # strictly increasing across restarts of this sink
+        # Strictly increasing across restarts of this sink; next() is atomic (both threads).
+        self._dl_sequence = itertools.count(time.time_ns() + 1)
+        # Consumer thread only: the chunks being filled.
         self._chunks: dict[tuple[str, int], Chunk] = {}
+        # Consumer thread -> writer thread: cut chunks, in order; None stops the writer.
+        self._cut: queue.Queue[Chunk | None] = queue.Queue(maxsize=self.config.inflight_chunks)
+        # Writer thread -> consumer thread: stored chunks whose offsets are to be committed.
+        self._written: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        self._writer_failure: BaseException | None = None
+        self._writer_thread: threading.Thread | None = None
         # Minutes to close: set when flow/INT rows are written, cleared by a close pass.
         self._minutes_dirty = False
         self._minutes_closed_at = time.monotonic()
@@ -170,24 +193,84 @@ class Sink:
                 )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Finish what we hold for these partitions while we still own them.
+        # Finish what we hold for these partitions while we still own them: cut their chunks
+        # and wait until the writer has inserted and committed everything cut so far.
         for tp in partitions:
             chunk = self._chunks.get((tp.topic, tp.partition))
-            if chunk is not None:
-                self._flush(chunk)
+            if chunk is None:
+                continue
+            if chunk.planned_last is not None:
+                # Half-replayed: inserting it would carry a new token over rows the planned
+                # insert already holds. Left uncommitted; the next owner replays it whole.
+                self._chunks.pop((tp.topic, tp.partition))
+                continue
+            self._flush(chunk)
+        self._drain()
 
     # -- main loop ---------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
+        self._writer_thread = threading.Thread(
+            target=self._write_loop, name=f"sink-writer-{self.config.group_id}", daemon=True
+        )
+        self._writer_thread.start()
         try:
             while not should_stop():
-                for msg in self._consumer.consume(num_messages=1000, timeout=0.2):
+                self._check_writer()
+                # consume() returns at num_messages or the timeout: 100 flow batches (~500 k
+                # records) keep the writer fed without waiting out the timeout at high rates.
+                for msg in self._consumer.consume(num_messages=100, timeout=0.2):
                     self._accept(msg)
                 self._flush_due()
-                self._close_minutes_due()
+                self._commit_written(wait=False)
             self._flush_all()
+            self._drain()
+            self._stop_writer()
             self._close_minutes_due(final=True)
         finally:
+            self._stop_writer()
             self.close()
+
+    # -- the writer thread -------------------------------------------------------------
+    def _write_loop(self) -> None:
+        """Insert and commit cut chunks in order; close minutes when due. A failure ends the
+        thread and is raised on the consumer thread (`_check_writer`)."""
+        try:
+            while True:
+                try:
+                    chunk = self._cut.get(timeout=0.2)
+                except queue.Empty:
+                    self._close_minutes_due()
+                    continue
+                try:
+                    if chunk is None:
+                        return
+                    self._write(chunk)
+                    self._close_minutes_due()
+                finally:
+                    self._cut.task_done()
+        except BaseException as exc:  # handed to the consumer thread, which raises it
+            self._writer_failure = exc
+
+    def _check_writer(self) -> None:
+        if self._writer_failure is not None:
+            raise RuntimeError("the sink's writer thread failed") from self._writer_failure
+
+    def _drain(self) -> None:
+        """Wait until every cut chunk is inserted (or the writer failed), then commit their
+        offsets synchronously."""
+        while self._cut.unfinished_tasks:
+            self._check_writer()
+            if self._writer_thread is None or not self._writer_thread.is_alive():
+                raise RuntimeError("the sink's writer thread stopped with chunks left")
+            time.sleep(0.002)
+        self._commit_written(wait=True)
+
+    def _stop_writer(self) -> None:
+        thread, self._writer_thread = self._writer_thread, None
+        if thread is None or not thread.is_alive():
+            return
+        self._cut.put(None)
+        thread.join()
 
     def _accept(self, msg: KafkaMessage) -> None:
         if msg.error():
@@ -290,7 +373,29 @@ class Sink:
 
     # -- writing -----------------------------------------------------------------------
     def _flush(self, chunk: Chunk) -> None:
+        """Cut `chunk` (consumer thread): encode it here, where the Arrow codec (GIL released)
+        overlaps the writer's insert of the previous chunk, and hand it to the writer, waiting
+        while the writer's queue is full."""
         self._chunks.pop((chunk.topic, chunk.partition), None)
+        if chunk.payloads:
+            try:
+                chunk.encoded = self.writer.encode(KINDS[chunk.topic], chunk.payloads)
+            except UndecodableBatch as exc:
+                chunk.undecodable = exc  # the writer isolates the bad messages
+        if self._writer_thread is None:  # not running (closing): write it here
+            self._write(chunk)
+            self._commit_written(wait=True)
+            return
+        while True:
+            self._check_writer()
+            try:
+                self._cut.put(chunk, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _write(self, chunk: Chunk) -> None:
+        """Plan, insert and commit one chunk (writer thread)."""
         kind = KINDS[chunk.topic]
         token = (
             f"{self.config.group_id}/{chunk.topic}/{chunk.partition}/"
@@ -321,24 +426,49 @@ class Sink:
         self.metrics.rows.labels(kind.ingest_table).inc(rows)
         if self._after_insert:
             self._after_insert(chunk)
+        chunk.payloads, chunk.messages = [], []  # only its offsets are needed from here on
+        self._written.put(chunk)  # committed by the consumer thread (_commit_written)
+
+    def _commit_written(self, wait: bool) -> None:
+        """Commit the offsets of the chunks the writer has stored (consumer thread: librdkafka
+        serves a commit from a thread that is not polling only after long delays). `wait`:
+        synchronously, as on a revoke or a stop; otherwise asynchronously."""
+        latest: dict[tuple[str, int], Chunk] = {}
+        while True:
+            try:
+                chunk = self._written.get_nowait()
+            except queue.Empty:
+                break
+            latest[(chunk.topic, chunk.partition)] = chunk  # in offset order per partition
+        if not latest:
+            return
         self._consumer.commit(
-            offsets=[TopicPartition(chunk.topic, chunk.partition, chunk.last_offset + 1)],
-            asynchronous=False,
+            offsets=[
+                TopicPartition(c.topic, c.partition, c.last_offset + 1) for c in latest.values()
+            ],
+            asynchronous=not wait,
         )
-        self._update_lag(chunk)
+        for chunk in latest.values():
+            self._update_lag(chunk)
 
     def _insert(self, kind: RecordKind, chunk: Chunk, token: str) -> int:
-        try:
-            return self._retrying(
-                lambda: self.writer.insert(kind, chunk.payloads, token), "insert", decode_ok=False
-            )
-        except _Undecodable as exc:
-            log.warning(
-                "%s[%d]: store could not decode chunk (%s); checking each message",
-                chunk.topic,
-                chunk.partition,
-                exc,
-            )
+        reason: Exception | None = chunk.undecodable
+        if reason is None:
+            encoded, chunk.encoded = chunk.encoded, None  # freed once inserted
+            try:
+                return self._retrying(
+                    lambda: self.writer.insert(kind, chunk.payloads, token, encoded),
+                    "insert",
+                    decode_ok=False,
+                )
+            except _Undecodable as exc:
+                reason = exc
+        log.warning(
+            "%s[%d]: chunk could not be decoded (%s); checking each message",
+            chunk.topic,
+            chunk.partition,
+            reason,
+        )
         # Isolate the poison: strict Python decode, then ClickHouse message by message. The
         # token keeps the salvage idempotent too (it is derived from the same offsets).
         good: list[bytes] = []
@@ -384,13 +514,12 @@ class Sink:
                 "unreadable dead letter %s@%s skipped: %s", msg.partition(), msg.offset(), reason
             )
             return
-        self._dl_sequence += 1
         key = msg.key()
         letter = DeadLetter(
             header=RecordHeader(
                 schema_version=SCHEMA_VERSION,
                 source_id=f"sink/{self.config.group_id}",
-                sequence=self._dl_sequence,
+                sequence=next(self._dl_sequence),
                 timestamp_ns=time.time_ns(),
             ),
             topic=msg.topic() or "",
@@ -434,6 +563,8 @@ _DECODE_CODES = ("Code: 27.", "Code: 32.", "Code: 33.", "Code: 444.", "Code: 117
 
 
 def _is_decode_error(exc: Exception) -> bool:
+    if isinstance(exc, UndecodableBatch):
+        return True
     text = str(exc)
     return any(code in text for code in _DECODE_CODES) or "Protobuf" in text
 

@@ -1,14 +1,21 @@
-"""Writing raw protobuf batches into the store: ClickHouse decodes them, not Python.
+"""Writing Kafka batches into the store, columnar where it counts.
+
+The high-volume kinds (flow records; INT when the codec has it) are decoded in Rust
+(`cgloop.arrowcodec`, prost -> one Arrow IPC stream a chunk, the GIL released) and inserted
+as `ArrowStream`: ClickHouse then reads columns instead of decoding protobuf row by row (~0.4
+against ~1.5-2.5 us a record, bench/datasets). Every other kind is sent as its raw protobuf
+batches (`ProtobufList`), decoded by ClickHouse with the schema sent inline
+(`format_schema_source='string'`), so no store needs our .proto files on its disk.
 
 The same `raw_insert` call works against chDB in this process (clickhouse-connect's `chdb://`
 backend, which streams the bytes through a temporary file) and against a ClickHouse server over
-HTTP. The schema travels inline with the insert (`format_schema_source='string'`), so neither
-needs our .proto files on its disk.
+HTTP. Both paths fill the same ingest table with the same rows (datasets/tests/test_arrow_codec.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 
 from cgloop.datasets.records import DATABASE, RecordKind, format_schema
@@ -18,6 +25,25 @@ from google.protobuf.internal.encoder import _VarintBytes
 
 class StoreWriteError(RuntimeError):
     """The store refused an insert; the message names the table and ClickHouse's reason."""
+
+
+class UndecodableBatch(StoreWriteError):
+    """A payload of the batch is not the topic's protobuf message (the codec's reason)."""
+
+
+# topic -> name of its Rust Arrow encoder in cgloop.arrowcodec (payloads -> IPC stream bytes).
+_ARROW_ENCODERS = {"cgloop.flows.v1": "flows_to_arrow", "cgloop.int.v1": "int_to_arrow"}
+
+
+@cache
+def arrow_encoder(topic: str) -> Callable[[Sequence[bytes]], bytes] | None:
+    """The columnar encoder of `topic`'s batches, or None (the kind goes as protobuf)."""
+    name = _ARROW_ENCODERS.get(topic)
+    if name is None:
+        return None
+    from cgloop import arrowcodec
+
+    return getattr(arrowcodec, name, None)
 
 
 def frame(kind: RecordKind, payloads: Sequence[bytes]) -> bytes:
@@ -33,11 +59,22 @@ def frame(kind: RecordKind, payloads: Sequence[bytes]) -> bytes:
     return _VarintBytes(len(body)) + body
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """An insert body: the bytes and the ClickHouse input format they are in."""
+
+    body: bytes
+    fmt: str
+
+
 class StoreWriter:
     """Inserts framed batches into a kind's ingest table with a dedup token."""
 
-    def __init__(self, client: Client, parallel_views: bool = True) -> None:
+    def __init__(self, client: Client, parallel_views: bool = True, columnar: bool = True) -> None:
         self.client = client
+        # Arrow inserts for the kinds that have an encoder; False: protobuf for every kind
+        # (the previous path, kept as the benchmark's peer).
+        self.columnar = columnar
         # Run a table's materialized views side by side (flow_records feeds two roll-ups): on
         # 2 cores ~1.2x on the store-alone insert (bench/datasets). Off: one after another.
         self.parallel_views = parallel_views
@@ -57,8 +94,29 @@ class StoreWriter:
             )
         return tuple(r[0] for r in rows)
 
-    def insert(self, kind: RecordKind, payloads: Sequence[bytes], token: str | None) -> int:
-        """Insert the records of `payloads`; return the rows the store reports written."""
+    def encode(self, kind: RecordKind, payloads: Sequence[bytes]) -> Encoded:
+        """The insert body of `payloads`: an Arrow stream where `kind` has an encoder (and
+        `columnar`), else the framed protobuf batches. Raises UndecodableBatch when a payload
+        is not the kind's message (the Arrow path checks while it encodes)."""
+        encoder = arrow_encoder(kind.topic) if self.columnar else None
+        if encoder is None:
+            return Encoded(
+                frame(kind, payloads), "Protobuf" if kind.single_message else "ProtobufList"
+            )
+        try:
+            return Encoded(encoder(payloads), "ArrowStream")
+        except ValueError as exc:
+            raise UndecodableBatch(f"{kind.topic}: {exc}") from exc
+
+    def insert(
+        self,
+        kind: RecordKind,
+        payloads: Sequence[bytes],
+        token: str | None,
+        encoded: Encoded | None = None,
+    ) -> int:
+        """Insert the records of `payloads` (already `encoded`, or encoded here); return the
+        rows the store reports written."""
         settings: dict[str, str | int] = {
             "format_schema_source": "string",
             "format_schema": format_schema(),
@@ -82,14 +140,14 @@ class StoreWriter:
         }
         if token:
             settings["insert_deduplication_token"] = token
-        fmt = "Protobuf" if kind.single_message else "ProtobufList"
+        encoded = encoded or self.encode(kind, payloads)
         try:
             summary = self.client.raw_insert(
                 f"{DATABASE}.{kind.ingest_table}",
                 list(self.columns(kind)),
-                insert_block=frame(kind, payloads),
+                insert_block=encoded.body,
                 settings=settings,
-                fmt=fmt,
+                fmt=encoded.fmt,
             )
         except Exception as exc:  # clickhouse-connect raises per backend; keep ClickHouse's text
             raise StoreWriteError(f"insert into {DATABASE}.{kind.ingest_table}: {exc}") from exc
