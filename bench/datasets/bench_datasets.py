@@ -77,7 +77,7 @@ def _migrate(client: object, schema: str) -> None:
         migrate(client, Path(tmp))  # type: ignore[arg-type]
 
 
-def bench_ingest(rows: int, schema: str, bootstrap: str) -> None:
+def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = None) -> None:
     """One schema: the store alone (StoreWriter inserts, no Kafka), then Kafka -> Sink -> store.
     Prints one machine-readable line per figure (`RESULT name value`)."""
     import clickhouse_connect
@@ -103,12 +103,17 @@ def bench_ingest(rows: int, schema: str, bootstrap: str) -> None:
         client.command("TRUNCATE TABLE cgloop.flow_stats_1m")
         # 2. Through Kafka and the sink (its own consumer group reads the topic from the start).
         config = SinkConfig(
+            **({"writers": writers} if writers else {}),
             group_id=f"bench-{schema}-{uuid.uuid4()}", topics=["cgloop.flows.v1"],
             max_chunk_messages=20, max_chunk_age_s=0.5,
             # old: its schema predates the closing pass's histogram columns
             close_minutes_every_s=10.0 if schema == "new" else 0,
         )  # fmt: skip
-        sink = Sink(StoreWriter(client, columnar=columnar), bootstrap, config)
+        writers = [StoreWriter(client, columnar=columnar)] + [
+            StoreWriter(clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store"), columnar=columnar)
+            for _ in range(config.writers - 1)
+        ]  # as `cgloop sink` makes them (store_writers), with the path's columnar switch
+        sink = Sink(writers, bootstrap, config)
         stop = threading.Event()
         runner = threading.Thread(target=sink.run, args=(stop.is_set,))
         runner.start()
@@ -202,8 +207,8 @@ def bench_stages(rows: int, bootstrap: str) -> None:
             print(f"RESULT stage_{stage} {rows / (time.perf_counter() - start)}")
             for table in ("flow_records", "flow_stats_1s", "flow_stats_1m"):
                 client.command(f"TRUNCATE TABLE cgloop.{table}")
-        # The whole store insert again, views side by side (the sink's setting).
-        writer = StoreWriter(client)
+        # The whole store insert again, views side by side (parallel_view_processing).
+        writer = StoreWriter(client, parallel_views=True)
         start = time.perf_counter()
         for i in range(0, len(payloads), 20):
             writer.insert(kind, payloads[i : i + 20], f"parallel/{i}")
@@ -240,8 +245,8 @@ def run_ingest(rows: int) -> None:
         stack.up()
         try:
             producer = BatchProducer(settings.bootstrap_servers, **{"message.max.bytes": 8 << 20})
-            for p in payloads:
-                producer.send_raw("cgloop.flows.v1", p, key="bench")
+            for i, p in enumerate(payloads):  # keyed by flow bucket, as the probe keys them
+                producer.send_raw("cgloop.flows.v1", p, key=f"flows-{i % 64:02}")
             producer.flush(120)
             del payloads
             cmd = [sys.executable, __file__, "--only", "stages", "--rows", str(rows),
@@ -251,14 +256,16 @@ def run_ingest(rows: int) -> None:
                 line.split()[1]: float(line.split()[2])
                 for line in out.splitlines() if line.startswith("RESULT stage_")
             }  # fmt: skip
-            for schema in SCHEMAS * 2:
+            # "new1": today's path with one writer thread (the writer-thread peer).
+            for schema in (*SCHEMAS, "new1") * 2:
                 cmd = [sys.executable, __file__, "--only", "ingest", "--rows", str(rows),
-                       "--schema", schema, "--bootstrap", settings.bootstrap_servers]  # fmt: skip
+                       "--schema", schema.rstrip("1"), "--bootstrap", settings.bootstrap_servers,
+                       *(["--writers", "1"] if schema == "new1" else [])]  # fmt: skip
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 for line in out.splitlines():
                     if line.startswith("RESULT "):
                         _, name, *values = line.split()
-                        results[schema].setdefault(name, []).append(float(values[0]))
+                        results.setdefault(schema, {}).setdefault(name, []).append(float(values[0]))
                         if name == "sink_rows":
                             print(f"  {schema}: {int(float(values[0])):,} rows through the sink"
                                   f" ({int(values[1]):,} in flow_records)")  # fmt: skip
@@ -283,7 +290,7 @@ def run_ingest(rows: int) -> None:
         "stage_flow_records_mv": "+ flow_records insert (view + ReplacingMergeTree)",
         "stage_flow_stats_1s_from_flows": "+ flow_stats_1s view",
         "stage_flow_stats_1m_from_flows": "+ flow_stats_1m view (= the whole store insert)",
-        "stage_parallel_views": "the whole store insert, views side by side (the sink's way)",
+        "stage_parallel_views": "the whole store insert, views side by side (parallel views)",
     }
     previous = None
     for key, what in names.items():
@@ -308,6 +315,9 @@ def run_ingest(rows: int) -> None:
     if "stage_ingest_decode" in stages and "stage_protobuf_decode" in stages:
         ratio = stages["stage_ingest_decode"] / stages["stage_protobuf_decode"]
         print(f"    Arrow into the Null table vs ClickHouse's protobuf decode: {ratio:.2f}x")
+    one, two = best["new1"]["sink"], best["new"]["sink"]
+    print(f"  sink writer threads: 2 (default) {two:,.0f} rows/s, 1 {one:,.0f} rows/s"
+          f" -> {two / one:.2f}x")  # fmt: skip
     print(
         f"  Python decode+validate alone (no store): {python_rate:,.0f} rows/s;"
         f" sink (new) vs that: {best['new']['sink'] / python_rate:.2f}x"
@@ -418,11 +428,12 @@ def main() -> None:
     parser.add_argument("--only", choices=["ingest", "query", "stages"])
     parser.add_argument("--schema", choices=SCHEMAS, default="new")
     parser.add_argument("--bootstrap", help="(internal) the broker of run_ingest")
+    parser.add_argument("--writers", type=int, help="(internal) sink writer threads")
     args = parser.parse_args()
     if args.only == "stages":
         bench_stages(args.rows, args.bootstrap)
     elif args.only == "ingest" and args.bootstrap:
-        bench_ingest(args.rows, args.schema, args.bootstrap)
+        bench_ingest(args.rows, args.schema, args.bootstrap, args.writers)
     elif args.only == "ingest":
         run_ingest(args.rows)
     elif args.only == "query":

@@ -230,13 +230,14 @@ def _embedded_sink(
     def run(store, should_stop) -> None:
         from cgloop.datasets.sink.consumer import Sink, SinkConfig
         from cgloop.datasets.sink.metrics import SinkMetrics
-        from cgloop.datasets.sink.writer import StoreWriter
+        from cgloop.datasets.sink.writer import store_writers
 
         metrics = SinkMetrics()
         if metrics_port:
             metrics.serve(metrics_port)
         config = SinkConfig(group_id=group, close_minutes_every_s=close_minutes_every)
-        Sink(StoreWriter(store.client), bootstrap, config, metrics).run(should_stop)
+        writers = store_writers(f"chdb://{store.path}", config.writers, first=store.client)
+        Sink(writers, bootstrap, config, metrics).run(should_stop)
 
     return run
 
@@ -280,7 +281,7 @@ def sink_cmd(
     import clickhouse_connect
     from cgloop.datasets.sink.consumer import Sink, SinkConfig, topics_of
     from cgloop.datasets.sink.metrics import SinkMetrics
-    from cgloop.datasets.sink.writer import StoreWriter
+    from cgloop.datasets.sink.writer import store_writers
     from cgloop.datasets.store.migrations import MigrationError
     from cgloop.datasets.store.migrations import migrate as apply_migrations
 
@@ -338,8 +339,9 @@ def sink_cmd(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    writers = store_writers(url or f"chdb://{folder.resolve()}", config.writers, first=client)
     sink = Sink(
-        StoreWriter(client),
+        writers,
         bootstrap or settings().bootstrap_servers,
         config,
         metrics,

@@ -10,10 +10,12 @@ How a batch travels:
    table and roll-up keeps recent tokens and drops a block it has already seen.
 4. Only then is the offset committed.
 
-Steps 2-3 run on the sink's writer thread, one chunk after another, while the consumer thread
-goes on reading and cutting the next chunks, and commits (4) what the writer has stored:
-Kafka fetches and the Arrow codec (which releases the GIL) overlap the store's insert. At most
-`inflight_chunks` chunks wait for the writer; then the consumer thread waits too.
+Steps 2-3 run on the sink's writer threads (`writers`, each with its own store connection; a
+partition always goes to the same one, so its chunks are inserted in order), while the consumer
+thread goes on reading and cutting the next chunks, and commits (4) what the writers have
+stored: Kafka fetches, the Arrow codec (which releases the GIL) and inserts of other partitions
+overlap a store insert. At most `inflight_chunks` chunks wait for each writer; then the consumer
+thread waits too.
 
 A crash between 3 and 4 replays the partition from the last commit; on assignment the sink
 reads the plans past that commit and cuts the replayed messages at exactly the same offsets, so
@@ -37,7 +39,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode
@@ -84,6 +87,9 @@ class SinkConfig(BaseModel):
     # Cut chunks waiting for the writer thread (the one being inserted not counted); the
     # consumer thread stops polling beyond this. Each holds up to max_chunk_bytes.
     inflight_chunks: int = Field(default=1, ge=1)
+    # Writer threads, each inserting its share of the partitions over its own connection (two
+    # concurrent inserts use 2 cores better than one insert's parallel views: bench/datasets).
+    writers: int = Field(default=2, ge=1)
 
 
 @dataclass
@@ -120,13 +126,18 @@ class Sink:
 
     def __init__(
         self,
-        writer: StoreWriter,
+        writer: StoreWriter | Sequence[StoreWriter],
         bootstrap: str,
         config: SinkConfig | None = None,
         metrics: SinkMetrics | None = None,
         after_insert: Callable[[Chunk], None] | None = None,
     ) -> None:
-        self.writer = writer
+        # One writer per writer thread (own connection each); the first also serves the
+        # consumer thread's reads (plans at assignment) and the minute closing.
+        self.writers = [writer] if isinstance(writer, StoreWriter) else list(writer)
+        if not self.writers:
+            raise ValueError("the sink needs at least one StoreWriter")
+        self.writer = self.writers[0]
         self.config = config or SinkConfig()
         self.metrics = metrics or SinkMetrics()
         self.bootstrap = bootstrap
@@ -135,7 +146,7 @@ class Sink:
         unknown = [t for t in self.config.topics if t not in KINDS]
         if unknown:
             raise ValueError(f"no table takes topics {unknown}; known: {', '.join(KINDS)}")
-        ensure_plans_table(writer.client)
+        ensure_plans_table(self.writer.client)
         ensure_topics(bootstrap, [TOPICS[t] for t in self.config.topics] + [DEADLETTER])
         self._consumer = Consumer(
             {
@@ -155,12 +166,14 @@ class Sink:
         self._dl_sequence = itertools.count(time.time_ns() + 1)
         # Consumer thread only: the chunks being filled.
         self._chunks: dict[tuple[str, int], Chunk] = {}
-        # Consumer thread -> writer thread: cut chunks, in order; None stops the writer.
-        self._cut: queue.Queue[Chunk | None] = queue.Queue(maxsize=self.config.inflight_chunks)
+        # Consumer thread -> writer threads (one queue each): cut chunks, in order; None stops.
+        self._cut = [
+            queue.Queue[Chunk | None](maxsize=self.config.inflight_chunks) for _ in self.writers
+        ]
         # Writer thread -> consumer thread: stored chunks whose offsets are to be committed.
         self._written: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
         self._writer_failure: BaseException | None = None
-        self._writer_thread: threading.Thread | None = None
+        self._writer_threads: list[threading.Thread] = []
         # Minutes to close: set when flow/INT rows are written, cleared by a close pass.
         self._minutes_dirty = False
         self._minutes_closed_at = time.monotonic()
@@ -209,10 +222,17 @@ class Sink:
 
     # -- main loop ---------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
-        self._writer_thread = threading.Thread(
-            target=self._write_loop, name=f"sink-writer-{self.config.group_id}", daemon=True
-        )
-        self._writer_thread.start()
+        self._writer_threads = [
+            threading.Thread(
+                target=self._write_loop,
+                args=(i,),
+                name=f"sink-writer-{i}-{self.config.group_id}",
+                daemon=True,
+            )
+            for i in range(len(self.writers))
+        ]
+        for thread in self._writer_threads:
+            thread.start()
         try:
             while not should_stop():
                 self._check_writer()
@@ -231,23 +251,28 @@ class Sink:
             self.close()
 
     # -- the writer thread -------------------------------------------------------------
-    def _write_loop(self) -> None:
-        """Insert and commit cut chunks in order; close minutes when due. A failure ends the
-        thread and is raised on the consumer thread (`_check_writer`)."""
+    def _write_loop(self, index: int) -> None:
+        """Writer thread `index`: insert its cut chunks in order; the first writer also closes
+        minutes when due. A failure ends the thread and is raised on the consumer thread
+        (`_check_writer`)."""
+        cut, writer = self._cut[index], self.writers[index]
+        closes = index == 0
         try:
             while True:
                 try:
-                    chunk = self._cut.get(timeout=0.2)
+                    chunk = cut.get(timeout=0.2)
                 except queue.Empty:
-                    self._close_minutes_due()
+                    if closes:
+                        self._close_minutes_due()
                     continue
                 try:
                     if chunk is None:
                         return
-                    self._write(chunk)
-                    self._close_minutes_due()
+                    self._write(chunk, writer)
+                    if closes:
+                        self._close_minutes_due()
                 finally:
-                    self._cut.task_done()
+                    cut.task_done()
         except BaseException as exc:  # handed to the consumer thread, which raises it
             self._writer_failure = exc
 
@@ -258,19 +283,22 @@ class Sink:
     def _drain(self) -> None:
         """Wait until every cut chunk is inserted (or the writer failed), then commit their
         offsets synchronously."""
-        while self._cut.unfinished_tasks:
+        while any(cut.unfinished_tasks for cut in self._cut):
             self._check_writer()
-            if self._writer_thread is None or not self._writer_thread.is_alive():
-                raise RuntimeError("the sink's writer thread stopped with chunks left")
+            if not all(thread.is_alive() for thread in self._writer_threads):
+                raise RuntimeError("a writer thread of the sink stopped with chunks left")
             time.sleep(0.002)
         self._commit_written(wait=True)
 
     def _stop_writer(self) -> None:
-        thread, self._writer_thread = self._writer_thread, None
-        if thread is None or not thread.is_alive():
+        threads, self._writer_threads = self._writer_threads, []
+        if not threads:
             return
-        self._cut.put(None)
-        thread.join()
+        for thread, cut in zip(threads, self._cut, strict=True):
+            if thread.is_alive():
+                cut.put(None)
+        for thread in threads:
+            thread.join()
 
     def _accept(self, msg: KafkaMessage) -> None:
         if msg.error():
@@ -382,20 +410,23 @@ class Sink:
                 chunk.encoded = self.writer.encode(KINDS[chunk.topic], chunk.payloads)
             except UndecodableBatch as exc:
                 chunk.undecodable = exc  # the writer isolates the bad messages
-        if self._writer_thread is None:  # not running (closing): write it here
-            self._write(chunk)
+        if not self._writer_threads:  # not running (closing): write it here
+            self._write(chunk, self.writer)
             self._commit_written(wait=True)
             return
+        # A partition always goes to the same writer: its chunks are inserted in cut order.
+        cut = self._cut[(zlib.crc32(chunk.topic.encode()) + chunk.partition) % len(self._cut)]
         while True:
             self._check_writer()
             try:
-                self._cut.put(chunk, timeout=0.2)
+                cut.put(chunk, timeout=0.2)
                 return
             except queue.Full:
                 continue
 
-    def _write(self, chunk: Chunk) -> None:
-        """Plan, insert and commit one chunk (writer thread)."""
+    def _write(self, chunk: Chunk, writer: StoreWriter) -> None:
+        """Plan and insert one chunk through `writer` (a writer thread); the consumer thread
+        commits its offset afterwards."""
         kind = KINDS[chunk.topic]
         token = (
             f"{self.config.group_id}/{chunk.topic}/{chunk.partition}/"
@@ -404,7 +435,7 @@ class Sink:
         start = time.perf_counter()
         if chunk.planned_last is None:
             self._retrying(
-                lambda: self.writer.client.insert(
+                lambda: writer.client.insert(
                     PLANS_TABLE,
                     [
                         [
@@ -419,7 +450,7 @@ class Sink:
                 ),
                 "plan",
             )
-        rows = self._insert(kind, chunk, token) if chunk.payloads else 0
+        rows = self._insert(kind, chunk, token, writer) if chunk.payloads else 0
         if rows and chunk.topic in FAST_TOPICS:  # the topics that feed the flow roll-ups
             self._minutes_dirty = True
         self.metrics.batch_seconds.labels(chunk.topic).observe(time.perf_counter() - start)
@@ -451,13 +482,13 @@ class Sink:
         for chunk in latest.values():
             self._update_lag(chunk)
 
-    def _insert(self, kind: RecordKind, chunk: Chunk, token: str) -> int:
+    def _insert(self, kind: RecordKind, chunk: Chunk, token: str, writer: StoreWriter) -> int:
         reason: Exception | None = chunk.undecodable
         if reason is None:
             encoded, chunk.encoded = chunk.encoded, None  # freed once inserted
             try:
                 return self._retrying(
-                    lambda: self.writer.insert(kind, chunk.payloads, token, encoded),
+                    lambda: writer.insert(kind, chunk.payloads, token, encoded),
                     "insert",
                     decode_ok=False,
                 )
@@ -479,7 +510,7 @@ class Sink:
                 self._dead_letter(msg, str(exc))
                 continue
             try:
-                self.writer.insert(kind, [msg.value()], f"{token}/probe/{msg.offset()}")
+                writer.insert(kind, [msg.value()], f"{token}/probe/{msg.offset()}")
             except StoreWriteError as exc:
                 if not _is_decode_error(exc):
                     raise

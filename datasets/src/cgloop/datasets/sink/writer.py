@@ -67,16 +67,28 @@ class Encoded:
     fmt: str
 
 
+def store_writers(dsn: str, count: int, first: Client | None = None) -> list[StoreWriter]:
+    """`count` writers on the store at `dsn`, each with a connection of its own (one per sink
+    writer thread; chDB allows many connections to the folder its process owns). `first`:
+    an existing client to use for the first."""
+    import clickhouse_connect
+
+    clients = [first] if first is not None else []
+    clients += [clickhouse_connect.get_client(dsn=dsn) for _ in range(count - len(clients))]
+    return [StoreWriter(client) for client in clients]
+
+
 class StoreWriter:
     """Inserts framed batches into a kind's ingest table with a dedup token."""
 
-    def __init__(self, client: Client, parallel_views: bool = True, columnar: bool = True) -> None:
+    def __init__(self, client: Client, parallel_views: bool = False, columnar: bool = True) -> None:
         self.client = client
         # Arrow inserts for the kinds that have an encoder; False: protobuf for every kind
         # (the previous path, kept as the benchmark's peer).
         self.columnar = columnar
-        # Run a table's materialized views side by side (flow_records feeds two roll-ups): on
-        # 2 cores ~1.2x on the store-alone insert (bench/datasets). Off: one after another.
+        # Run a table's materialized views side by side (flow_records feeds two roll-ups). Off
+        # by default: with the sink's two writer threads inserting at once, 2 cores are better
+        # spent on two inserts than on one insert's views (bench/datasets: 0.9x with them).
         self.parallel_views = parallel_views
 
     @cache  # noqa: B019 - one writer per process, a handful of kinds
