@@ -3,8 +3,9 @@
 # binaries of the Cargo workspace (probe, INT collector, node agent, ...). docker-compose.yml
 # picks the subcommand per service:  docker run --rm cgloop:dev --help
 #
-# Stages: rust-build (cargo, BPF toolchain) and python-build (uv, protobuf bindings) run in
-# parallel; the runtime stage takes only their outputs.
+# Stages: rust-build (cargo, BPF toolchain), then python-build (uv, protobuf bindings, and the
+# Rust toolchain taken from rust-build for the cgloop.arrowcodec extension); the runtime stage
+# takes only their outputs.
 
 ARG RUST_VERSION=1.95
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -25,17 +26,29 @@ COPY Cargo.toml Cargo.lock ./
 COPY proto ./proto
 COPY telemetry ./telemetry
 COPY actuators ./actuators
+COPY datasets/arrow-codec ./datasets/arrow-codec
 # target/ lives in a cache mount, so the binaries are copied out within the same step.
 # Every executable at the top of target/release is taken, whichever members exist today.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --workspace --locked \
  && mkdir -p /out/bin \
- && find target/release -maxdepth 1 -type f -perm -u+x -exec cp {} /out/bin/ \;
+ && find target/release -maxdepth 1 -type f -perm -u+x ! -name '*.so' -exec cp {} /out/bin/ \;
 
 # ---------------------------------------------------------------------------- Python ----------
 FROM ${PYTHON_IMAGE} AS python-build
 ARG UV_VERSION
+# cgloop.arrowcodec (datasets/arrow-codec) is a Rust extension that uv builds with maturin:
+# it needs the rust-build stage's toolchain, a C linker and protoc (cgloop-proto's build.rs).
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      gcc libc6-dev protobuf-compiler \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=rust-build /usr/local/rustup /usr/local/rustup
+COPY --from=rust-build /usr/local/cargo /usr/local/cargo
+ENV RUSTUP_HOME=/usr/local/rustup \
+    CARGO_HOME=/usr/local/cargo \
+    PATH=/usr/local/cargo/bin:$PATH
 RUN pip install --no-cache-dir "uv==${UV_VERSION}"
 ENV UV_PROJECT_ENVIRONMENT=/opt/cgloop/venv \
     UV_PYTHON=/usr/local/bin/python3 \

@@ -103,8 +103,12 @@ def pids_in_netns(netns: str) -> list[int]:
     return found
 
 
-def stop(pids: Sequence[tuple[int, int | None]], grace: float = 3.0) -> None:
-    """SIGTERM each (pid, start ticks) and its process group, SIGKILL what survives `grace`."""
+def stop(
+    pids: Sequence[tuple[int, int | None]], grace: float = 3.0, kill_wait: float = 5.0
+) -> None:
+    """SIGTERM each (pid, start ticks) and its process group, SIGKILL what survives `grace`,
+    and wait up to `kill_wait` for the killed to be gone (SIGKILL is delivered asynchronously:
+    on a loaded machine a killed process can still be exiting when kill() returns)."""
     live = [(pid, t) for pid, t in pids if alive(pid, t) and pid != os.getpid()]
     for pid, _ in live:
         _signal(pid, signal.SIGTERM)
@@ -115,7 +119,11 @@ def stop(pids: Sequence[tuple[int, int | None]], grace: float = 3.0) -> None:
     for pid, t in live:
         if alive(pid, t):
             _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + kill_wait
     _reap(live)
+    while time.monotonic() < deadline and any(alive(p, t) for p, t in live):
+        time.sleep(0.02)
+        _reap(live)
 
 
 def _signal(pid: int, sig: int) -> None:
