@@ -153,7 +153,9 @@ def bench_stages(rows: int, bootstrap: str) -> None:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "fetch.max.bytes": 64 << 20})  # fmt: skip
+                         "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
+                         "max.partition.fetch.bytes": 16 << 20,  # the sink's fetch settings
+                         "queued.max.messages.kbytes": 64 * 1024})  # fmt: skip
     # Assigned, not subscribed (no group join), from the first offset: fetch + hand-over of
     # every message, as the sink's consume loop gets them.
     start = time.perf_counter()
