@@ -79,7 +79,8 @@ def store_writers(dsn: str, count: int, first: Client | None = None) -> list[Sto
 
 
 class StoreWriter:
-    """Inserts framed batches into a kind's ingest table with a dedup token."""
+    """Inserts a kind's batches (as Arrow or protobuf) into its ingest table with a dedup
+    token."""
 
     def __init__(self, client: Client, parallel_views: bool = False, columnar: bool = True) -> None:
         self.client = client
@@ -140,8 +141,9 @@ class StoreWriter:
             "min_insert_block_size_rows": 0,
             "min_insert_block_size_bytes": 0,
             # A view's GROUP BY over a block of >= 100 k rows would switch to two-level
-            # aggregation and hand its target 256 blocks, i.e. 256 parts an insert (5-10x
-            # slower, and a merge backlog): one-level keeps one part a table an insert.
+            # aggregation and hand its target 256 blocks, i.e. 256 parts an insert (4-5x
+            # slower, and a merge backlog); one-level gives a part per 65 k groups
+            # (datasets/tests/test_writer.py).
             "group_by_two_level_threshold": 0,
             "group_by_two_level_threshold_bytes": 0,
             # Rows are unique by (source, sequence) within a batch; collapsing equal sort keys
