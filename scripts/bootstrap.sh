@@ -45,6 +45,8 @@ if ! command -v uv >/dev/null; then
   python3 -m pip install -q --user uv 2>/dev/null || python3 -m pip install -q uv
   export PATH="$HOME/.local/bin:$PATH"
 fi
+# The workspace includes a Rust extension (datasets/arrow-codec, built by maturin): cargo first.
+command -v cargo >/dev/null || { echo "bootstrap: cargo is missing (install Rust with rustup)" >&2; exit 1; }
 log "python: uv sync"
 uv sync --all-packages --frozen --quiet 2>/dev/null || uv sync --all-packages --quiet
 
