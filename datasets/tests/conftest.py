@@ -6,11 +6,14 @@ started once per module or package where the tests do not write to it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +22,17 @@ from cgloop.config import Settings
 from cgloop.contracts.samples import SAMPLE_FOR_TOPIC, SAMPLES
 from cgloop.testing import ROOT, StoreServer, cgloop_cmd, free_port, wait_for_store
 from google.protobuf.message import Message
+
+
+def in_own_process(script: str, *args: str, timeout_s: float = 180) -> Any:
+    """Run `script` (Python source) with `args` in a child process and return the JSON its
+    last line of output prints. chDB hosts one data folder per process, so a test that needs a
+    private writable store runs it here."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def sample(topic: str, source_id: str, first_sequence: int = 1) -> Message:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from .conftest import in_own_process
 
 # Runs in a process of its own: chDB hosts one data folder per process.
 _SCRIPT = r"""
@@ -50,14 +49,7 @@ print(json.dumps(out))
 def test_minute_quantiles_read_histograms_and_fall_back_to_older_t_digests(
     tmp_path: Path,
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "store")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = in_own_process(_SCRIPT, str(tmp_path / "store"))
     # The older minute reads its t-digests (whatever they interpolate: not a bucket midpoint).
     legacy = [f"{float(v):g}" for v in out["legacy"]]
     assert legacy == ["256", "3072"]
