@@ -83,7 +83,7 @@ def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = N
     import clickhouse_connect
     from cgloop.datasets.records import KINDS
     from cgloop.datasets.sink.consumer import Sink, SinkConfig
-    from cgloop.datasets.sink.writer import StoreWriter
+    from cgloop.datasets.sink.writer import StoreWriter, store_writers
 
     kind = KINDS["cgloop.flows.v1"]
     payloads = _batches(rows)
@@ -109,10 +109,7 @@ def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = N
             # old: its schema predates the closing pass's histogram columns
             close_minutes_every_s=10.0 if schema == "new" else 0,
         )  # fmt: skip
-        writers = [StoreWriter(client, columnar=columnar)] + [
-            StoreWriter(clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store"), columnar=columnar)
-            for _ in range(config.writers - 1)
-        ]  # as `cgloop sink` makes them (store_writers), with the path's columnar switch
+        writers = store_writers(f"chdb://{tmp}/store", config.writers, client, columnar)
         sink = Sink(writers, bootstrap, config)
         stop = threading.Event()
         runner = threading.Thread(target=sink.run, args=(stop.is_set,))

@@ -67,7 +67,9 @@ class Encoded:
     fmt: str
 
 
-def store_writers(dsn: str, count: int, first: Client | None = None) -> list[StoreWriter]:
+def store_writers(
+    dsn: str, count: int, first: Client | None = None, columnar: bool = True
+) -> list[StoreWriter]:
     """`count` writers on the store at `dsn`, each with a connection of its own (one per sink
     writer thread; chDB allows many connections to the folder its process owns). `first`:
     an existing client to use for the first."""
@@ -75,7 +77,7 @@ def store_writers(dsn: str, count: int, first: Client | None = None) -> list[Sto
 
     clients = [first] if first is not None else []
     clients += [clickhouse_connect.get_client(dsn=dsn) for _ in range(count - len(clients))]
-    return [StoreWriter(client) for client in clients]
+    return [StoreWriter(client, columnar=columnar) for client in clients]
 
 
 class StoreWriter:
