@@ -89,6 +89,7 @@ class SinkConfig(BaseModel):
     inflight_chunks: int = Field(default=1, ge=1)
     # Writer threads, each inserting its share of the partitions over its own connection (two
     # concurrent inserts use 2 cores better than one insert's parallel views: bench/datasets).
+    # Callers make this many StoreWriters (store_writers); the Sink runs a thread per writer.
     writers: int = Field(default=2, ge=1)
 
 

@@ -1,10 +1,10 @@
 """Writing Kafka batches into the store, columnar where it counts.
 
-The high-volume kinds (flow records; INT when the codec has it) are decoded in Rust
-(`cgloop.arrowcodec`, prost -> one Arrow IPC stream a chunk, the GIL released) and inserted
-as `ArrowStream`: ClickHouse then reads columns instead of decoding protobuf row by row (~0.4
-against ~1.5-2.5 us a record, bench/datasets). Every other kind is sent as its raw protobuf
-batches (`ProtobufList`), decoded by ClickHouse with the schema sent inline
+Flow records, the high-volume kind, are decoded in Rust (`cgloop.arrowcodec`, prost -> one
+Arrow IPC stream a chunk, the GIL released) and inserted as `ArrowStream`: ClickHouse then
+reads columns instead of decoding protobuf row by row (~0.4 against ~1.5-2.5 us a record,
+bench/datasets). Every other kind (INT too, until the codec has an encoder for it) is sent as
+its raw protobuf batches (`ProtobufList`), decoded by ClickHouse with the schema sent inline
 (`format_schema_source='string'`), so no store needs our .proto files on its disk.
 
 The same `raw_insert` call works against chDB in this process (clickhouse-connect's `chdb://`
@@ -31,19 +31,14 @@ class UndecodableBatch(StoreWriteError):
     """A payload of the batch is not the topic's protobuf message (the codec's reason)."""
 
 
-# topic -> name of its Rust Arrow encoder in cgloop.arrowcodec (payloads -> IPC stream bytes).
-_ARROW_ENCODERS = {"cgloop.flows.v1": "flows_to_arrow", "cgloop.int.v1": "int_to_arrow"}
-
-
-@cache
 def arrow_encoder(topic: str) -> Callable[[Sequence[bytes]], bytes] | None:
-    """The columnar encoder of `topic`'s batches, or None (the kind goes as protobuf)."""
-    name = _ARROW_ENCODERS.get(topic)
-    if name is None:
+    """The columnar encoder of `topic`'s batches (payloads -> one Arrow IPC stream), or None:
+    the kind goes as protobuf."""
+    if topic != "cgloop.flows.v1":
         return None
-    from cgloop import arrowcodec
+    from cgloop.arrowcodec import flows_to_arrow
 
-    return getattr(arrowcodec, name, None)
+    return flows_to_arrow
 
 
 def frame(kind: RecordKind, payloads: Sequence[bytes]) -> bytes:
@@ -94,7 +89,7 @@ class StoreWriter:
         # spent on two inserts than on one insert's views (bench/datasets: 0.9x with them).
         self.parallel_views = parallel_views
 
-    @cache  # noqa: B019 - one writer per process, a handful of kinds
+    @cache  # noqa: B019 - a few writers per process (one per sink thread), a handful of kinds
     def columns(self, kind: RecordKind) -> tuple[str, ...]:
         """The ingest table's columns as the store has them (a proto field the migrations do
         not map yet is simply not requested)."""
