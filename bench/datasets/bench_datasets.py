@@ -1,18 +1,23 @@
 """Trace-store benchmark: Kafka -> chDB ingest of flow records, and p99 per flow per minute.
 
     uv run python bench/datasets/bench_datasets.py [--rows 2000000] [--query-rows 50000000]
+        [--shape probe|worst]
 
 1. Ingest, the previous path against today's side by side: one KRaft broker, flow-record
-   batches (5 000 records a message, every record distinct, each its own flow-second: the
-   roll-ups' worst case, and what 1 M records/s from 100 k flows at the probe's 100 ms sweep
-   look like to a 100 000-record insert) produced once; then per path, in a process of its
-   own (chDB: one data folder per process) and alternating twice (best of 2): (a) the store
-   alone, StoreWriter inserting 100 000 records an insert, and (b) `cgloop sink`'s Sink
-   consuming the topic into cgloop.flow_records and its roll-ups, timed from the first message
-   fetched (after the group join) to the last row written. "previous" is migrations <= 0009
-   with ProtobufList inserts (ClickHouse decodes); "now" is every migration with Arrow inserts
-   (cgloop.arrowcodec decodes). Peers: the previous path, the rate at which Python merely
-   decodes and validates the batches, and the issue's 1 M rows/s target.
+   batches produced once in one of two shapes (`--shape`): "probe" (default), what the probe
+   exports for 100 k flows at its 100 ms sweep (1 M records/s): each sweep one batch per flow
+   bucket (64 keys, <= 2 000 records), so a partition carries a stable share of the flows and
+   a sink chunk holds several sweeps of them; "worst", 5 000 records a message with every
+   record of an insert its own flow-second (the per-second roll-up aggregates nothing). Then
+   per path, in a process of its own (chDB: one data folder per process) and alternating twice
+   (best of 2): (a) the store alone, StoreWriter inserting the chunks the sink would cut (one
+   partition's messages up to the sink's default max_chunk_bytes), and (b) `cgloop sink`'s
+   Sink with its default batching consuming the topic into cgloop.flow_records and its
+   roll-ups, timed from the first message fetched (after the group join) to the last row
+   written. "previous" is migrations <= 0009 with ProtobufList inserts (ClickHouse decodes);
+   "now" is every migration with Arrow inserts (cgloop.arrowcodec decodes). Peers: the
+   previous path, the rate at which Python merely decodes and validates the batches, and the
+   issue's 1 M rows/s target.
 2. Query: `--query-rows` synthetic flow rows generated inside ClickHouse (numbers()) into a
    copy of flow_records, the per-minute roll-up built from them with its view's own SELECT;
    then p99 jitter per flow per minute from the roll-up (hash aggregation, and in sort-key
@@ -55,6 +60,88 @@ def _batches(rows: int) -> list[bytes]:
     return out
 
 
+# The probe's shape (telemetry/probe/src/kafka.rs): every 100 ms sweep exports one record per
+# active flow, grouped by five-tuple hash into 64 keyed batches of at most 2 000 records.
+SWEEP_NS = 100_000_000
+KEY_BUCKETS = 64
+PROBE_MAX_RECORDS = 2000
+
+
+def _probe_messages(rows: int, flows: int) -> list[tuple[str, bytes]]:
+    """`rows` records as the probe exports them for `flows` active flows (`rows // flows`
+    sweeps of 100 ms): (key, FlowRecordBatch) per bucket per sweep, in production order. At
+    1 M records/s that is 100 k flows; a flow keeps its bucket (its partition), so a sink
+    chunk holds several sweeps of the flows of one partition, as it does in production."""
+    from cgloop.bus.codec import encode
+    from cgloop.contracts.samples import sample_flow_record_batch
+    from cgloop.v1.flow_pb2 import FlowRecordBatch
+
+    template = sample_flow_record_batch().records[0]
+    bucket_of = [(f * 2654435761) % (1 << 32) % KEY_BUCKETS for f in range(flows)]
+    members: list[list[int]] = [[] for _ in range(KEY_BUCKETS)]
+    for f, b in enumerate(bucket_of):
+        members[b].append(f)
+    out: list[tuple[str, bytes]] = []
+    sequence = 0
+    for sweep in range(-(-rows // flows)):
+        for bucket, flows_in in enumerate(members):
+            for start in range(0, len(flows_in), PROBE_MAX_RECORDS):
+                batch = FlowRecordBatch()
+                for f in flows_in[start : start + PROBE_MAX_RECORDS]:
+                    if sequence == rows:
+                        break
+                    r = batch.records.add()
+                    r.CopyFrom(template)
+                    r.header.sequence = sequence
+                    r.five_tuple.src_addr = bytes([10, (f >> 16) & 0xFF, (f >> 8) & 0xFF, f & 0xFF])
+                    r.interval_start_ns = template.interval_start_ns + sweep * SWEEP_NS
+                    r.interval_end_ns = r.interval_start_ns + SWEEP_NS
+                    r.rtp.jitter_ns = 1_000_000 + (sequence * 7919) % 5_000_000
+                    sequence += 1
+                if batch.records:
+                    out.append((f"flows-{bucket:02}", encode(batch)))
+    return out
+
+
+def _messages(rows: int, shape: str) -> list[tuple[str, bytes]]:
+    """The benchmark's Kafka messages, (key, payload): the probe's shape, or the worst case
+    (every record of an insert its own flow-second, keyed round robin)."""
+    if shape == "probe":
+        return _probe_messages(rows, PROBE_FLOWS)
+    return [(f"flows-{i % KEY_BUCKETS:02}", p) for i, p in enumerate(_batches(rows))]
+
+
+# 1 M records/s at the probe's 100 ms sweep.
+PROBE_FLOWS = 100_000
+SHAPES = ("probe", "worst")
+SHAPE_TEXT = {
+    "probe": f"the probe's shape: {PROBE_FLOWS:,} flows, 100 ms sweeps, 64 keyed batches a sweep",
+    "worst": f"worst case: {PER_MESSAGE:,} records a message, each its own flow-second",
+}
+PARTITIONS = 6  # cgloop.flows.v1 (cgloop.bus.topics)
+
+
+def _store_chunks(messages: list[tuple[str, bytes]]) -> list[list[bytes]]:
+    """The inserts the sink makes of `messages` when it reads them as a backlog: one
+    partition's messages in order, cut at the sink's default max_chunk_bytes (the key's bucket
+    stands in for the broker's partitioner)."""
+    from cgloop.datasets.sink.consumer import SinkConfig
+
+    limit = SinkConfig().max_chunk_bytes
+    chunks: list[list[bytes]] = []
+    open_: dict[int, tuple[list[bytes], int]] = {}
+    for key, payload in messages:
+        part = int(key.rsplit("-", 1)[1]) % PARTITIONS
+        chunk, size = open_.get(part, ([], 0))
+        if chunk and size + len(payload) > limit:
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(payload)
+        open_[part] = (chunk, size + len(payload))
+    chunks += [c for c, _ in open_.values() if c]
+    return chunks
+
+
 SCHEMAS = ("old", "new")
 # The last migration of the "old" path: per-minute size/gap quantiles as weighted t-digests
 # (0010 made them summed histograms); its inserts are ProtobufList.
@@ -77,7 +164,9 @@ def _migrate(client: object, schema: str) -> None:
         migrate(client, Path(tmp))  # type: ignore[arg-type]
 
 
-def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = None) -> None:
+def bench_ingest(
+    rows: int, schema: str, shape: str, bootstrap: str, writers: int | None = None
+) -> None:
     """One schema: the store alone (StoreWriter inserts, no Kafka), then Kafka -> Sink -> store.
     Prints one machine-readable line per figure (`RESULT name value`)."""
     import clickhouse_connect
@@ -86,18 +175,19 @@ def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = N
     from cgloop.datasets.sink.writer import StoreWriter, store_writers
 
     kind = KINDS["cgloop.flows.v1"]
-    payloads = _batches(rows)
+    chunks = _store_chunks(_messages(rows, shape))
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
         _migrate(client, schema)
-        # 1. The store alone: 20 messages (100 000 records) an insert, as the sink sends them.
+        # 1. The store alone: the inserts the sink makes of the same messages.
         columnar = schema == "new"
         writer = StoreWriter(client, columnar=columnar)
-        writer.insert(kind, payloads[:1], "store-only/warm-up")  # first-insert set-up not timed
+        writer.insert(kind, chunks[0][:1], "store-only/warm-up")  # first-insert set-up untimed
         start = time.perf_counter()
-        for i in range(0, len(payloads), 20):
-            writer.insert(kind, payloads[i : i + 20], f"store-only/{i}")
+        for i, chunk in enumerate(chunks):
+            writer.insert(kind, chunk, f"store-only/{i}")
         store_rate = rows / (time.perf_counter() - start)
+        del chunks
         client.command("TRUNCATE TABLE cgloop.flow_records")
         client.command("TRUNCATE TABLE cgloop.flow_stats_1s")
         client.command("TRUNCATE TABLE cgloop.flow_stats_1m")
@@ -105,7 +195,6 @@ def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = N
         config = SinkConfig(
             **({"writers": writers} if writers else {}),
             group_id=f"bench-{schema}-{uuid.uuid4()}", topics=["cgloop.flows.v1"],
-            max_chunk_messages=20, max_chunk_age_s=0.5,
             # old: its schema predates the closing pass's histogram columns
             close_minutes_every_s=10.0 if schema == "new" else 0,
         )  # fmt: skip
@@ -138,7 +227,7 @@ def bench_ingest(rows: int, schema: str, bootstrap: str, writers: int | None = N
 FLOW_VIEWS = ("flow_records_mv", "flow_stats_1s_from_flows", "flow_stats_1m_from_flows")
 
 
-def bench_stages(rows: int, bootstrap: str) -> None:
+def bench_stages(rows: int, shape: str, bootstrap: str) -> None:
     """Where an insert's time goes: Kafka consume alone (same bytes, no store), then one store
     (all migrations) with the flow views dropped and re-added one at a time: protobuf decode
     into the Null ingest table alone, + the flow_records insert, + each roll-up view. Prints
@@ -149,6 +238,8 @@ def bench_stages(rows: int, bootstrap: str) -> None:
     from cgloop.datasets.store.migrations import migrate
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+    chunks = _store_chunks(_messages(rows, shape))
+    need = sum(map(len, chunks))
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
                          "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
                          "max.partition.fetch.bytes": 16 << 20,  # the sink's fetch settings
@@ -159,7 +250,6 @@ def bench_stages(rows: int, bootstrap: str) -> None:
     meta = consumer.list_topics("cgloop.flows.v1", timeout=30).topics["cgloop.flows.v1"]
     consumer.assign([TopicPartition("cgloop.flows.v1", p, OFFSET_BEGINNING)
                      for p in meta.partitions])  # fmt: skip
-    need = -(-rows // PER_MESSAGE)
     messages = 0
     while messages == 0 and time.perf_counter() - start < 300:  # timed from the first one,
         messages = len(consumer.consume(num_messages=1, timeout=1.0))  # as the sink is
@@ -167,12 +257,11 @@ def bench_stages(rows: int, bootstrap: str) -> None:
     while messages < need and time.perf_counter() - start < 300:
         got = consumer.consume(num_messages=100, timeout=0.05)
         messages += sum(1 for m in got if m.error() is None)
-    consume_rate = (messages - 1) * PER_MESSAGE / (time.perf_counter() - start)
+    consume_rate = (messages - 1) / need * rows / (time.perf_counter() - start)
     consumer.close()
     print(f"RESULT stage_kafka_consume {consume_rate}")
 
     kind = KINDS["cgloop.flows.v1"]
-    payloads = _batches(rows)
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
         migrate(client)
@@ -188,7 +277,6 @@ def bench_stages(rows: int, bootstrap: str) -> None:
         from cgloop.datasets.sink.writer import arrow_encoder
 
         encode = arrow_encoder(kind.topic)
-        chunks = [payloads[i : i + 20] for i in range(0, len(payloads), 20)]
         start = time.perf_counter()
         for chunk in chunks:
             encode(chunk)
@@ -199,22 +287,22 @@ def bench_stages(rows: int, bootstrap: str) -> None:
             writer = StoreWriter(client, parallel_views=False, columnar=columnar)  # one at a time
             if view:
                 client.command(ddl[view])
-            writer.insert(kind, payloads[:1], f"{stage}/warm-up")
+            writer.insert(kind, chunks[0][:1], f"{stage}/warm-up")
             start = time.perf_counter()
-            for i in range(0, len(payloads), 20):
-                writer.insert(kind, payloads[i : i + 20], f"{stage}/{i}")
+            for i, chunk in enumerate(chunks):
+                writer.insert(kind, chunk, f"{stage}/{i}")
             print(f"RESULT stage_{stage} {rows / (time.perf_counter() - start)}")
             for table in ("flow_records", "flow_stats_1s", "flow_stats_1m"):
                 client.command(f"TRUNCATE TABLE cgloop.{table}")
         # The whole store insert again, views side by side (parallel_view_processing).
         writer = StoreWriter(client, parallel_views=True)
         start = time.perf_counter()
-        for i in range(0, len(payloads), 20):
-            writer.insert(kind, payloads[i : i + 20], f"parallel/{i}")
+        for i, chunk in enumerate(chunks):
+            writer.insert(kind, chunk, f"parallel/{i}")
         print(f"RESULT stage_parallel_views {rows / (time.perf_counter() - start)}")
 
 
-def run_ingest(rows: int) -> None:
+def run_ingest(rows: int, shape: str) -> None:
     """A Kafka broker for both schemas, the records produced once, each schema measured in a
     process of its own (chDB: one data folder per process), old and new alternating twice."""
     from cgloop.bus.codec import decode
@@ -224,11 +312,11 @@ def run_ingest(rows: int) -> None:
     from cgloop.stack.stack import Stack
     from cgloop.testing import ROOT, free_port
 
-    print(f"building {rows:,} distinct flow records ...", flush=True)
-    payloads = _batches(rows)
+    print(f"building {rows:,} distinct flow records ({SHAPE_TEXT[shape]}) ...", flush=True)
+    messages = _messages(rows, shape)
     t = topic("cgloop.flows.v1")
     start = time.perf_counter()
-    for p in payloads:
+    for _, p in messages:
         decode(t, p)
     python_rate = rows / (time.perf_counter() - start)
     results: dict[str, dict[str, list[float]]] = {s: {} for s in SCHEMAS}
@@ -244,12 +332,12 @@ def run_ingest(rows: int) -> None:
         stack.up()
         try:
             producer = BatchProducer(settings.bootstrap_servers, **{"message.max.bytes": 8 << 20})
-            for i, p in enumerate(payloads):  # keyed by flow bucket, as the probe keys them
-                producer.send_raw("cgloop.flows.v1", p, key=f"flows-{i % 64:02}")
+            for key, p in messages:  # keyed by flow bucket, as the probe keys them
+                producer.send_raw("cgloop.flows.v1", p, key=key)
             producer.flush(120)
-            del payloads
+            del messages
             cmd = [sys.executable, __file__, "--only", "stages", "--rows", str(rows),
-                   "--bootstrap", settings.bootstrap_servers]  # fmt: skip
+                   "--shape", shape, "--bootstrap", settings.bootstrap_servers]  # fmt: skip
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
             stages = {
                 line.split()[1]: float(line.split()[2])
@@ -258,7 +346,8 @@ def run_ingest(rows: int) -> None:
             # "new1": today's path with one writer thread (the writer-thread peer).
             for schema in (*SCHEMAS, "new1") * 2:
                 cmd = [sys.executable, __file__, "--only", "ingest", "--rows", str(rows),
-                       "--schema", schema.rstrip("1"), "--bootstrap", settings.bootstrap_servers,
+                       "--schema", schema.rstrip("1"), "--shape", shape,
+                       "--bootstrap", settings.bootstrap_servers,
                        *(["--writers", "1"] if schema == "new1" else [])]  # fmt: skip
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 for line in out.splitlines():
@@ -271,7 +360,8 @@ def run_ingest(rows: int) -> None:
         finally:
             stack.down()
     best = {s: {k: max(v) for k, v in r.items()} for s, r in results.items()}
-    print(f"ingest of {rows:,} flow records (5,000 a message, 100,000 an insert), best of 2:")
+    print(f"ingest of {rows:,} flow records ({SHAPE_TEXT[shape]}; the sink's default"
+          " chunks), best of 2:")  # fmt: skip
     for name, what in (("store_only", "store alone (StoreWriter)"),
                        ("sink", "Kafka -> sink -> chDB")):  # fmt: skip
         old, new = best["old"][name], best["new"][name]
@@ -280,7 +370,7 @@ def run_ingest(rows: int) -> None:
             f" now (Arrow, all migrations) {new:,.0f} rows/s -> now/previous {new / old:.2f}x;"
             f" vs target 1,000,000 rows/s: {new / 1e6:.3f}x"
         )
-    print(f"  where the time goes ({rows:,} rows, 100,000 an insert; each stage adds one step):")
+    print(f"  where the time goes ({rows:,} rows, the sink's inserts; each stage adds one step):")
     names = {
         "stage_kafka_consume": "Kafka consume alone (same messages, no store)",
         "stage_codec": "cgloop.arrowcodec alone (protobuf -> Arrow IPC, no store)",
@@ -426,19 +516,22 @@ def main() -> None:
     parser.add_argument("--query-rows", type=int, default=50_000_000)
     parser.add_argument("--only", choices=["ingest", "query", "stages"])
     parser.add_argument("--schema", choices=SCHEMAS, default="new")
+    parser.add_argument("--shape", choices=SHAPES, default="probe",
+                        help="probe: 100 k flows, 100 ms sweeps; worst: each record its own"
+                        " flow-second in its insert")  # fmt: skip
     parser.add_argument("--bootstrap", help="(internal) the broker of run_ingest")
     parser.add_argument("--writers", type=int, help="(internal) sink writer threads")
     args = parser.parse_args()
     if args.only == "stages":
-        bench_stages(args.rows, args.bootstrap)
+        bench_stages(args.rows, args.shape, args.bootstrap)
     elif args.only == "ingest" and args.bootstrap:
-        bench_ingest(args.rows, args.schema, args.bootstrap, args.writers)
+        bench_ingest(args.rows, args.schema, args.shape, args.bootstrap, args.writers)
     elif args.only == "ingest":
-        run_ingest(args.rows)
+        run_ingest(args.rows, args.shape)
     elif args.only == "query":
         bench_query(args.query_rows)
     else:  # chDB allows one data folder per process: one process per part
-        run_ingest(args.rows)
+        run_ingest(args.rows, args.shape)
         cmd = [sys.executable, __file__, "--only", "query", "--query-rows", str(args.query_rows)]
         subprocess.run(cmd, check=True)
 

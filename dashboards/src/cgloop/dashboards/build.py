@@ -269,23 +269,28 @@ def flow_detail() -> db.Dashboard:
     pct = (
         "SELECT time, q[1] / 1e6 AS p50, q[2] / 1e6 AS p90, q[3] / 1e6 AS p99,"
         " q[4] / 1e6 AS p999 FROM ("
-        " SELECT $__timeInterval(window) AS time,"
-        " quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)({col}) AS q"
+        " SELECT $__timeInterval(window) AS time, {q} AS q"
         " FROM cgloop.flow_stats_1s WHERE " + where.replace("{t}", "window") + " GROUP BY time)"
         " WHERE NOT isNaN(q[1]) ORDER BY time"
     )
+    latency_q = "quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(latency_ns)"
+    # Exact per-second states since migration 0011 (rtp_records counts their values; an empty
+    # one reads 0, so no values means NaN here); the t-digests of earlier rows otherwise.
+    jitter_q = (
+        "if(sum(rtp_records) > 0, arrayMap(x -> toFloat64(x),"
+        " quantilesExactIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_exact_ns)), arrayMap(x ->"
+        " toFloat64(x), quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns)))"
+    )
     d.with_panel(
         lay.place(
-            _series(
-                "End-to-end latency percentiles (INT)", pct.replace("{col}", "latency_ns"), "ms"
-            ),
+            _series("End-to-end latency percentiles (INT)", pct.replace("{q}", latency_q), "ms"),
             12,
             9,
         )
     )
     d.with_panel(
         lay.place(
-            _series("RTP jitter percentiles", pct.replace("{col}", "jitter_ns"), "ms"),
+            _series("RTP jitter percentiles", pct.replace("{q}", jitter_q), "ms"),
             12,
             9,
         )
