@@ -49,7 +49,7 @@ from cgloop.bus.topics import DEADLETTER, TOPICS
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
-from cgloop.datasets.sink.writer import Encoded, StoreWriteError, StoreWriter, UndecodableBatch
+from cgloop.datasets.sink.writer import StoreWriteError, StoreWriter, UndecodableBatch
 from cgloop.datasets.store.minutes import close_minutes
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
@@ -106,9 +106,6 @@ class Chunk:
     opened: float = field(default_factory=time.monotonic)
     # Set when replaying a planned chunk: close exactly at this offset.
     planned_last: int | None = None
-    # The insert body, encoded on the consumer thread when the chunk is cut (or why not).
-    encoded: Encoded | None = None
-    undecodable: UndecodableBatch | None = None
 
 
 def ensure_plans_table(client: object) -> None:
@@ -407,15 +404,9 @@ class Sink:
 
     # -- writing -----------------------------------------------------------------------
     def _flush(self, chunk: Chunk) -> None:
-        """Cut `chunk` (consumer thread): encode it here, where the Arrow codec (GIL released)
-        overlaps the writer's insert of the previous chunk, and hand it to the writer, waiting
-        while the writer's queue is full."""
+        """Cut `chunk` (consumer thread) and hand it to its writer, waiting while the writer's
+        queue is full."""
         self._chunks.pop((chunk.topic, chunk.partition), None)
-        if chunk.payloads:
-            try:
-                chunk.encoded = self.writer.encode(KINDS[chunk.topic], chunk.payloads)
-            except UndecodableBatch as exc:
-                chunk.undecodable = exc  # the writer isolates the bad messages
         if not self._writer_threads:  # not running (closing): write it here
             self._write(chunk, self.writer)
             self._commit_written(wait=True)
@@ -489,9 +480,15 @@ class Sink:
             self._update_lag(chunk)
 
     def _insert(self, kind: RecordKind, chunk: Chunk, token: str, writer: StoreWriter) -> int:
-        reason: Exception | None = chunk.undecodable
+        # Encoded here, on the writer thread (the Arrow codec releases the GIL): the consumer
+        # thread only polls and cuts, and with two writers two chunks encode at once
+        # (1.07-1.31x the sink rate of encoding on the consumer thread: docs/datasets.md).
+        reason: Exception | None = None
+        try:
+            encoded = writer.encode(kind, chunk.payloads)
+        except UndecodableBatch as exc:
+            reason = exc
         if reason is None:
-            encoded, chunk.encoded = chunk.encoded, None  # freed once inserted
             try:
                 return self._retrying(
                     lambda: writer.insert(kind, chunk.payloads, token, encoded),
