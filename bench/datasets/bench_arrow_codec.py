@@ -1,13 +1,16 @@
 """cgloop.arrowcodec micro-benchmark: flow-record Kafka payloads -> one Arrow IPC stream.
 
     uv run python bench/datasets/bench_arrow_codec.py [--rows 500000] [--chunk 20] [--repeat 5]
+        [--baseline OLD.so]
 
 The bench's flow batches (bench_datasets._batches: 5 000 distinct records a message), cut into
 chunks of `--chunk` messages as the sink inserts them. Side by side, alternating, best of
 `--repeat`:
 
 1. Decode: `flows_to_arrow(chunk)` against the peer, protobuf-python's (upb)
-   `FlowRecordBatch.ParseFromString` of the same messages (which builds no columns at all).
+   `FlowRecordBatch.ParseFromString` of the same messages (which builds no columns at all),
+   and with `--baseline` against another build of the codec (e.g. the previous commit's
+   `arrowcodec.*.so`, kept aside before rebuilding), loaded beside this one.
 2. Store insert (chDB, all migrations), the same chunks: today's StoreWriter (ProtobufList,
    ClickHouse decodes) against flows_to_arrow + `FORMAT ArrowStream` (decode time included),
    (a) into cgloop.flow_ingest, whose views fill flow_records and the roll-ups (tables
@@ -18,6 +21,7 @@ chunks of `--chunk` messages as the sink inserts them. Side by side, alternating
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -45,26 +49,53 @@ def _chunks(payloads: list[bytes], n: int) -> list[list[bytes]]:
     return [payloads[i : i + n] for i in range(0, len(payloads), n)]
 
 
-def bench_decode(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
+def load_baseline(path: str) -> Callable[[list[bytes]], object]:
+    """`flows_to_arrow` of another build of the extension (its module is named arrowcodec
+    too; a separate shared object, so it loads beside the current one)."""
+    spec = importlib.util.spec_from_file_location("arrowcodec", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: not a Python extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.flows_to_arrow  # type: ignore[no-any-return]
+
+
+def bench_decode(
+    chunks: list[list[bytes]],
+    rows: int,
+    repeat: int,
+    baseline: Callable[[list[bytes]], object] | None = None,
+) -> None:
     def arrow() -> None:
         for c in chunks:
             flows_to_arrow(c)
+
+    def old() -> None:
+        for c in chunks:
+            baseline(c)  # type: ignore[misc]
 
     def parse() -> None:
         for c in chunks:
             for p in c:
                 FlowRecordBatch().ParseFromString(p)
 
-    arrow_s = parse_s = float("inf")
-    for _ in range(repeat):  # alternate, so drift in load hits both alike
+    arrow_s = parse_s = old_s = float("inf")
+    for _ in range(repeat):  # alternate, so drift in load hits all alike
         arrow_s = min(arrow_s, _best(arrow, 1))
         parse_s = min(parse_s, _best(parse, 1))
+        if baseline is not None:
+            old_s = min(old_s, _best(old, 1))
+    if baseline is not None:
+        assert all(bytes(baseline(c)) == bytes(flows_to_arrow(c)) for c in chunks[:2])  # type: ignore[arg-type]
     stream_mb = sum(len(flows_to_arrow(c)) for c in chunks) / 1e6
     proto_mb = sum(len(p) for c in chunks for p in c) / 1e6
     print(f"decode, {rows} rows in {len(chunks)} calls (best of {repeat}):")
     print(f"  flows_to_arrow          {rows / arrow_s / 1e6:6.2f} M rows/s  ({arrow_s:.3f} s)")
     print(f"  peer ParseFromString    {rows / parse_s / 1e6:6.2f} M rows/s  ({parse_s:.3f} s)")
     print(f"  ratio arrow/peer        {parse_s / arrow_s:6.2f}x")
+    if baseline is not None:
+        print(f"  baseline flows_to_arrow {rows / old_s / 1e6:6.2f} M rows/s  ({old_s:.3f} s)")
+        print(f"  ratio arrow/baseline    {old_s / arrow_s:6.2f}x")
     print(f"  bytes: protobuf {proto_mb:.1f} MB -> Arrow stream {stream_mb:.1f} MB")
 
 
@@ -157,11 +188,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--store-repeat", type=int, default=2)
     ap.add_argument("--no-store", action="store_true")
+    ap.add_argument(
+        "--baseline", metavar="SO", help="another build's arrowcodec.*.so to time beside this one"
+    )
     args = ap.parse_args()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     payloads = _batches(args.rows)
     chunks = _chunks(payloads, args.chunk)
-    bench_decode(chunks, args.rows, args.repeat)
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    bench_decode(chunks, args.rows, args.repeat, baseline)
     if not args.no_store:
         bench_store(chunks, args.rows, args.store_repeat)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

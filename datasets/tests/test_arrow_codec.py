@@ -110,6 +110,24 @@ def test_stream_holds_all_payloads_in_order() -> None:
     assert empty.num_rows == 0 and empty.schema == table.schema
 
 
+def test_stream_is_a_read_only_buffer_later_calls_leave_alone(tmp_path: Path) -> None:
+    """The stream is a memoryview over Rust-owned memory that goes back to a pool when
+    released: a stream still held must never be reused or changed by later calls."""
+    payloads = _payloads()
+    first = flows_to_arrow(payloads)
+    kept = bytes(first)
+    assert isinstance(first, memoryview) and first.readonly and len(first) == len(kept)
+    for n in (1, 2, 1, 2):  # fewer payloads: other streams
+        other = flows_to_arrow(payloads[:n])
+        assert bytes(other) != kept
+        del other  # back to the pool, for the next call
+    assert bytes(first) == kept
+    with pytest.raises(TypeError):
+        first[0] = 0
+    (tmp_path / "stream.arrow").write_bytes(first)
+    assert (tmp_path / "stream.arrow").read_bytes() == kept
+
+
 def test_malformed_payload_raises_value_error_naming_its_index() -> None:
     good = sample_flow_record_batch().SerializeToString()
     with pytest.raises(
@@ -125,8 +143,8 @@ def test_malformed_payload_raises_value_error_naming_its_index() -> None:
 
 
 def test_decode_releases_the_gil() -> None:
-    """Another Python thread runs while flows_to_arrow decodes (only writing the returned bytes
-    holds the GIL, the call's last part): a call holding it would let no tick in at all."""
+    """Another Python thread runs while flows_to_arrow decodes and writes the stream (only
+    wrapping the finished stream holds the GIL): a call holding it would let no tick in."""
     payloads = _payloads()
     big = FlowRecordBatch()
     for p in payloads:
@@ -147,8 +165,8 @@ def test_decode_releases_the_gil() -> None:
         time.sleep(0)  # yield: with the GIL held elsewhere, this thread waits here
     worker.join()
     start, end = window
-    # The second quarter: clear of a thread switch just before the call (5 ms) and of the
-    # final write into the bytes object (about a fifth of the call).
+    # The second quarter: clear of a thread switch just before the call (5 ms) and of its
+    # end.
     d = end - start
     inside = [t for t in ticks if start + d / 4 < t < start + d / 2]
     assert inside, f"no tick in the second quarter of a {d:.3f} s call"
@@ -165,7 +183,8 @@ def _child(path: str, folder: Path) -> None:
     client = clickhouse_connect.get_client(dsn=f"chdb://{folder / 'store'}")
     migrate(client)
     if path == "protobuf":
-        StoreWriter(client).insert(KINDS["cgloop.flows.v1"], payloads, None)
+        # columnar=False: ClickHouse's ProtobufList decoder, not the codec (StoreWriter's default).
+        StoreWriter(client, columnar=False).insert(KINDS["cgloop.flows.v1"], payloads, None)
     else:
         stream = flows_to_arrow(payloads)
         names = pa.ipc.open_stream(stream).schema.names

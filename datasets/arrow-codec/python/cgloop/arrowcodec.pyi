@@ -2,14 +2,25 @@
 
 from collections.abc import Sequence
 
-def flows_to_arrow(payloads: Sequence[bytes]) -> bytes:
+class ArrowStream:
+    """The bytes of one stream, owned by Rust, exported read-only through the buffer protocol
+    (flows_to_arrow returns a memoryview of it). Its memory goes back to the codec's pool for
+    a later call when the last view of it is released."""
+
+    def __len__(self) -> int: ...
+
+def flows_to_arrow(payloads: Sequence[bytes]) -> memoryview:
     """Decode each payload as a cgloop.v1.FlowRecordBatch, concatenate all records in order and
     return ONE Arrow IPC stream (schema, then one record batch) whose columns are exactly those
     of cgloop.flow_ingest, for `INSERT ... FORMAT ArrowStream`. No payloads give a valid stream
     of zero rows. Runs without the GIL.
 
-    Raises ValueError naming the payload's index (and prost's reason) when one is not a valid
-    FlowRecordBatch, or the payload and record index when a direction is no Direction value
-    (ClickHouse's protobuf decoder rejects those too); ValueError also when the payloads exceed
-    2 GiB together (one Arrow batch's limit).
+    The stream is a read-only memoryview (`len()`, slicing, `bytes(...)`, file and socket
+    writes, clickhouse-connect's `insert_block` for chDB and HTTP) over memory the codec reuses
+    once the view is released: keep the view (or `bytes(view)`) as long as the bytes are needed.
+
+    Raises ValueError naming the payload's index (and the decoder's reason) when one is not a
+    valid FlowRecordBatch, or the payload and record index when a direction is no Direction
+    value (ClickHouse's protobuf decoder rejects those too); ValueError also when the payloads
+    exceed 2 GiB together (one Arrow batch's limit).
     """
