@@ -31,9 +31,9 @@ class UndecodableBatch(StoreWriteError):
     """A payload of the batch is not the topic's protobuf message (the codec's reason)."""
 
 
-def arrow_encoder(topic: str) -> Callable[[Sequence[bytes]], bytes] | None:
-    """The columnar encoder of `topic`'s batches (payloads -> one Arrow IPC stream), or None:
-    the kind goes as protobuf."""
+def arrow_encoder(topic: str) -> Callable[[Sequence[bytes]], bytes | memoryview] | None:
+    """The columnar encoder of `topic`'s batches (payloads -> one Arrow IPC stream, a read-only
+    memoryview over the codec's reused memory), or None: the kind goes as protobuf."""
     if topic != "cgloop.flows.v1":
         return None
     from cgloop.arrowcodec import flows_to_arrow
@@ -58,7 +58,7 @@ def frame(kind: RecordKind, payloads: Sequence[bytes]) -> bytes:
 class Encoded:
     """An insert body: the bytes and the ClickHouse input format they are in."""
 
-    body: bytes
+    body: bytes | memoryview
     fmt: str
 
 
