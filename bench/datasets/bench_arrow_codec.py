@@ -11,11 +11,12 @@ chunks of `--chunk` messages as the sink inserts them. Side by side, alternating
    `FlowRecordBatch.ParseFromString` of the same messages (which builds no columns at all),
    and with `--baseline` against another build of the codec (e.g. the previous commit's
    `arrowcodec.*.so`, kept aside before rebuilding), loaded beside this one.
-2. Store insert (chDB, all migrations), the same chunks: today's StoreWriter (ProtobufList,
-   ClickHouse decodes) against flows_to_arrow + `FORMAT ArrowStream` (decode time included),
-   (a) into cgloop.flow_ingest, whose views fill flow_records and the roll-ups (tables
-   truncated between rounds), and (b) into a Null table with the same columns and no views:
-   the formats' own cost. `--no-store` skips it.
+2. Store insert (chDB, all migrations), the same chunks through the sink's StoreWriter, its
+   settings for both: ProtobufList (`columnar=False`, ClickHouse decodes) against
+   flows_to_arrow + `FORMAT ArrowStream` (encode time included; with `--baseline` also the
+   other build's stream), (a) into cgloop.flow_ingest, whose views fill flow_records and the
+   roll-ups (tables truncated between rounds), and (b) into a Null table with the same columns
+   and no views: the formats' own cost. `--no-store` skips it.
 """
 
 from __future__ import annotations
@@ -99,21 +100,22 @@ def bench_decode(
     print(f"  bytes: protobuf {proto_mb:.1f} MB -> Arrow stream {stream_mb:.1f} MB")
 
 
-def bench_store(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
+def bench_store(
+    chunks: list[list[bytes]],
+    rows: int,
+    repeat: int,
+    baseline: Callable[[list[bytes]], object] | None = None,
+) -> None:
     import dataclasses
 
     import clickhouse_connect
     from cgloop.datasets.records import KINDS
-    from cgloop.datasets.sink.writer import StoreWriter
+    from cgloop.datasets.sink.writer import Encoded, StoreWriter
     from cgloop.datasets.store.migrations import migrate
 
     kind = KINDS["cgloop.flows.v1"]
     # The same Null table without views: the format's own cost, nothing downstream.
     bare = dataclasses.replace(kind, ingest_table="flow_ingest_bare")
-    # One block an insert and the views side by side, as StoreWriter's; NOT its
-    # min_insert_block_size_rows/bytes = 0: with ArrowStream those two together make the
-    # insert with views ~4x slower (measured on chDB 26.9; protobuf is unaffected).
-    settings = {"max_insert_block_size": 1 << 30, "parallel_view_processing": 1}
     tmp = tempfile.mkdtemp(prefix="bench-arrow-codec-")
     try:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
@@ -121,8 +123,9 @@ def bench_store(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
         client.command(
             f"CREATE TABLE cgloop.{bare.ingest_table} AS cgloop.flow_ingest ENGINE = Null"
         )
-        writer = StoreWriter(client)
-        names = list(writer.columns(kind))
+        # Both formats through the sink's own StoreWriter (its insert settings, encode
+        # included): only the format differs.
+        writers = {"pb": StoreWriter(client, columnar=False), "ar": StoreWriter(client)}
         tables = [
             r[0]
             for r in client.query(
@@ -135,50 +138,46 @@ def bench_store(chunks: list[list[bytes]], rows: int, repeat: int) -> None:
             for t in tables:
                 client.command(f"TRUNCATE TABLE cgloop.{t}")
 
-        def protobuf(k: object) -> Callable[[], None]:
+        def insert(path: str, k: object) -> Callable[[], None]:
             def run() -> None:
                 for c in chunks:
-                    writer.insert(k, c, None)  # type: ignore[arg-type]
-
-            return run
-
-        def arrow(table: str) -> Callable[[], None]:
-            def run() -> None:
-                for c in chunks:
-                    client.raw_insert(
-                        f"cgloop.{table}",
-                        names,
-                        insert_block=flows_to_arrow(c),
-                        settings=settings,
-                        fmt="ArrowStream",
-                    )
+                    if path == "old":  # the baseline build's stream, the same insert
+                        encoded = Encoded(baseline(c), "ArrowStream")  # type: ignore[misc, arg-type]
+                        writers["ar"].insert(k, c, None, encoded)  # type: ignore[arg-type]
+                    else:
+                        writers[path].insert(k, c, None)  # type: ignore[arg-type]
 
             return run
 
         def stored() -> int:
             return int(client.query("SELECT count() FROM cgloop.flow_records").result_rows[0][0])
 
-        best = dict.fromkeys(("pb", "ar", "pb_bare", "ar_bare"), float("inf"))
-        for _ in range(repeat):  # alternating, so drift in load hits both alike
-            truncate()
-            best["pb"] = min(best["pb"], _best(protobuf(kind), 1))
-            assert stored() == rows, stored()
-            truncate()
-            best["ar"] = min(best["ar"], _best(arrow(kind.ingest_table), 1))
-            assert stored() == rows, stored()
-            best["pb_bare"] = min(best["pb_bare"], _best(protobuf(bare), 1))
-            best["ar_bare"] = min(best["ar_bare"], _best(arrow(bare.ingest_table), 1))
+        paths = ("pb", "ar", "old") if baseline is not None else ("pb", "ar")
+        best = {(p, t): float("inf") for p in paths for t in ("views", "bare")}
+        for _ in range(repeat):  # alternating, so drift in load hits all alike
+            for p in paths:
+                truncate()
+                best[p, "views"] = min(best[p, "views"], _best(insert(p, kind), 1))
+                assert stored() == rows, stored()
+            for p in paths:
+                best[p, "bare"] = min(best[p, "bare"], _best(insert(p, bare), 1))
         client.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # chDB may still hold files of its own
-    for label, pb, ar in (
-        ("store insert, flow_ingest with its views", best["pb"], best["ar"]),
-        ("format only, a Null table without views", best["pb_bare"], best["ar_bare"]),
+    for label, t in (
+        ("store insert, flow_ingest with its views", "views"),
+        ("format only, a Null table without views", "bare"),
     ):
+        pb, ar = best["pb", t], best["ar", t]
         print(f"{label}, {rows} rows in {len(chunks)} inserts (best of {repeat}):")
         print(f"  flows_to_arrow + ArrowStream  {rows / ar / 1e6:5.2f} M rows/s  ({ar:.3f} s)")
         print(f"  peer StoreWriter ProtobufList {rows / pb / 1e6:5.2f} M rows/s  ({pb:.3f} s)")
         print(f"  ratio arrow/protobuf          {pb / ar:5.2f}x")
+        if baseline is not None:
+            old = best["old", t]
+            old_rate = rows / old / 1e6
+            print(f"  baseline codec + ArrowStream  {old_rate:5.2f} M rows/s  ({old:.3f} s)")
+            print(f"  ratio arrow/baseline          {old / ar:5.2f}x")
 
 
 def main() -> None:
@@ -198,7 +197,7 @@ def main() -> None:
     baseline = load_baseline(args.baseline) if args.baseline else None
     bench_decode(chunks, args.rows, args.repeat, baseline)
     if not args.no_store:
-        bench_store(chunks, args.rows, args.store_repeat)
+        bench_store(chunks, args.rows, args.store_repeat, baseline)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
