@@ -270,21 +270,19 @@ fn write_batch_message(columns: &FlowColumns, out: &mut Vec<u8>) -> Result<(), C
     let mut nodes = Vec::with_capacity(48);
     let mut buffers = Vec::with_capacity(96);
     let mut offset = 0usize;
-    let mut too_large = None;
+    // The 32-bit offsets were pushed unchecked: `decode` bounds every column by the payloads'
+    // bytes (and `direction` by the record count), so this never fails; a bug if it does.
+    if !columns.offsets_fit() {
+        return Err(ArrowError::ComputeError("a column outgrew its 32-bit offsets".into()).into());
+    }
     columns.pieces(&mut |piece| match piece {
         Piece::Node(len) => nodes.push(arrow_ipc::FieldNode::new(len as i64, 0)),
         piece => {
             let len = piece.body_len();
-            if len > MAX_TOTAL_BYTES {
-                too_large = Some(len);
-            }
             buffers.push(arrow_ipc::Buffer::new(offset as i64, len as i64));
             offset += padded(len);
         }
     });
-    if let Some(total) = too_large {
-        return Err(CodecError::TooLarge { total });
-    }
     let body_len = offset;
 
     // The metadata, built as `arrow-ipc`'s writer builds it (same fields, same order).
@@ -346,6 +344,10 @@ trait Column: Default {
     fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>));
     /// The column as an `arrow-array` array (a copy).
     fn to_array(&self) -> Result<ArrayRef, ArrowError>;
+    /// Whether its 32-bit offsets (if it has any) stayed in range.
+    fn offsets_fit(&self) -> bool {
+        true
+    }
 }
 
 impl Column for Vec<u32> {
@@ -468,6 +470,9 @@ impl<const UTF8: bool> Column for Var<UTF8> {
             Arc::new(BinaryArray::try_new(offsets, data, None)?)
         })
     }
+    fn offsets_fit(&self) -> bool {
+        self.data.len() <= i32::MAX as usize
+    }
 }
 
 /// `list<uint64>` (a histogram's buckets, never null): offsets and the values.
@@ -526,6 +531,9 @@ impl Column for U64List {
             None,
         )?))
     }
+    fn offsets_fit(&self) -> bool {
+        self.values.len() <= i32::MAX as usize
+    }
 }
 
 /// One column per `cgloop.flow_ingest` column, in the table's order: the struct, its reset,
@@ -554,6 +562,10 @@ macro_rules! flow_columns {
 
             fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
                 $(self.$name.pieces(f);)*
+            }
+
+            fn offsets_fit(&self) -> bool {
+                true $(&& self.$name.offsets_fit())*
             }
 
             fn schema(&self) -> SchemaRef {
@@ -1636,6 +1648,15 @@ mod tests {
                 same > 100 && rejected > 10,
                 "{same} equal, {rejected} rejected"
             );
+            // Every truncation too (a payload cut anywhere).
+            for cut in 0..payload.len() {
+                let payloads = [payload[..cut].to_vec()];
+                match (flow_record_batch(&payloads), reference(&payloads)) {
+                    (Ok(got), Some(want)) => assert_eq!(got, want, "cut {cut}"),
+                    (Err(_), None) => {}
+                    (got, want) => panic!("cut {cut}: {got:?} but prost gives {want:?}"),
+                }
+            }
         }
     }
 
