@@ -97,7 +97,8 @@ pub fn flow_schema() -> SchemaRef {
 
 /// Turns payloads into Arrow IPC streams, keeping its column vectors (and their capacity) from
 /// one call to the next: after the first call of a size, decoding touches only warm memory.
-/// Holds about as many bytes as the largest stream it wrote; one per thread that encodes.
+/// Holds about as many bytes as the largest stream it wrote (the Python module keeps a small
+/// pool of them, one taken by each call in flight).
 #[derive(Default)]
 pub struct FlowEncoder {
     columns: FlowColumns,
