@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -165,7 +166,12 @@ def _migrate(client: object, schema: str) -> None:
 
 
 def bench_ingest(
-    rows: int, schema: str, shape: str, bootstrap: str, writers: int | None = None
+    rows: int,
+    schema: str,
+    shape: str,
+    bootstrap: str,
+    writers: int | None = None,
+    broker_pid: int | None = None,
 ) -> None:
     """One schema: the store alone (StoreWriter inserts, no Kafka), then Kafka -> Sink -> store.
     Prints one machine-readable line per figure (`RESULT name value`)."""
@@ -210,17 +216,33 @@ def bench_ingest(
         while received._value.get() == 0 and time.perf_counter() < deadline:
             time.sleep(0.001)
         start = time.perf_counter()
+        cpu_start, broker_start = time.process_time(), _cpu_seconds(broker_pid)
         count = 0
         while count < rows and time.perf_counter() < deadline:
             time.sleep(0.02)
             count = sink.metrics.rows.labels("flow_ingest")._value.get()
         elapsed = time.perf_counter() - start
+        # CPU time over the same window: every thread of this process (consumer, writers,
+        # chDB's own, librdkafka's), and the broker's JVM.
+        sink_cpu = time.process_time() - cpu_start
+        broker_cpu = _cpu_seconds(broker_pid) - broker_start
         stop.set()
         runner.join()
         stored = client.query("SELECT count() FROM cgloop.flow_records").result_rows[0][0]
     print(f"RESULT store_only {store_rate}")
     print(f"RESULT sink {count / elapsed}")
     print(f"RESULT sink_rows {int(count)} {stored} {elapsed}")
+    print(f"RESULT sink_cpu_us {sink_cpu / max(count, 1) * 1e6}")
+    print(f"RESULT broker_cpu_us {broker_cpu / max(count, 1) * 1e6}")
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` so far (0 without one)."""
+    if not pid:
+        return 0.0
+    # /proc/PID/stat: fields 14 and 15 (utime, stime), counted after the ")" ending the name.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # The views that flow-record inserts feed, in the order the stage breakdown adds them.
@@ -348,6 +370,7 @@ def run_ingest(rows: int, shape: str) -> None:
                 cmd = [sys.executable, __file__, "--only", "ingest", "--rows", str(rows),
                        "--schema", schema.rstrip("1"), "--shape", shape,
                        "--bootstrap", settings.bootstrap_servers,
+                       "--broker-pid", str(stack.kafka.process.pid() or 0),
                        *(["--writers", "1"] if schema == "new1" else [])]  # fmt: skip
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 for line in out.splitlines():
@@ -359,7 +382,11 @@ def run_ingest(rows: int, shape: str) -> None:
                                   f" ({int(values[1]):,} in flow_records)")  # fmt: skip
         finally:
             stack.down()
-    best = {s: {k: max(v) for k, v in r.items()} for s, r in results.items()}
+    # Rates: the best of the runs; CPU per row: the least.
+    best = {
+        s: {k: (min(v) if k.endswith("_cpu_us") else max(v)) for k, v in r.items()}
+        for s, r in results.items()
+    }
     print(f"ingest of {rows:,} flow records ({SHAPE_TEXT[shape]}; the sink's default"
           " chunks), best of 2:")  # fmt: skip
     for name, what in (("store_only", "store alone (StoreWriter)"),
@@ -404,6 +431,14 @@ def run_ingest(rows: int, shape: str) -> None:
     if "stage_ingest_decode" in stages and "stage_protobuf_decode" in stages:
         ratio = stages["stage_ingest_decode"] / stages["stage_protobuf_decode"]
         print(f"    Arrow into the Null table vs ClickHouse's protobuf decode: {ratio:.2f}x")
+    cpu = {s: best[s]["sink_cpu_us"] + best[s]["broker_cpu_us"] for s in ("old", "new")}
+    print(
+        f"  CPU per row through the sink (now): sink process {best['new']['sink_cpu_us']:.2f} us"
+        f" + broker {best['new']['broker_cpu_us']:.2f} us = {cpu['new']:.2f} us"
+        f" (previous {cpu['old']:.2f} us) -> 2 cores at full use would carry at most"
+        f" {2e6 / cpu['new']:,.0f} rows/s; the 1 M rows/s target leaves 2.00 us a row:"
+        f" {2 / cpu['new']:.2f}x"
+    )
     one, two = best["new1"]["sink"], best["new"]["sink"]
     print(f"  sink writer threads: 2 (default) {two:,.0f} rows/s, 1 {one:,.0f} rows/s"
           f" -> {two / one:.2f}x")  # fmt: skip
@@ -521,11 +556,14 @@ def main() -> None:
                         " flow-second in its insert")  # fmt: skip
     parser.add_argument("--bootstrap", help="(internal) the broker of run_ingest")
     parser.add_argument("--writers", type=int, help="(internal) sink writer threads")
+    parser.add_argument("--broker-pid", type=int, help="(internal) the broker's process")
     args = parser.parse_args()
     if args.only == "stages":
         bench_stages(args.rows, args.shape, args.bootstrap)
     elif args.only == "ingest" and args.bootstrap:
-        bench_ingest(args.rows, args.schema, args.shape, args.bootstrap, args.writers)
+        bench_ingest(
+            args.rows, args.schema, args.shape, args.bootstrap, args.writers, args.broker_pid
+        )
     elif args.only == "ingest":
         run_ingest(args.rows, args.shape)
     elif args.only == "query":
