@@ -3,8 +3,9 @@
 -- 3550's running estimate), so a flow-second holds at most ten values. flow_stats_1s kept them
 -- in a t-digest state, whose set-up, insert and serialisation cost ~1.1 us a flow record at
 -- insert when every record starts a state of its own (bench/datasets, worst case; an exact
--- state ~0.4), the most expensive single step of the roll-ups. quantilesExact keeps the values: as
--- mergeable over any windows, exact instead of approximate, and a few bytes a flow-second.
+-- state ~0.3), the most expensive single step of the roll-ups. quantilesExact keeps the
+-- values: as mergeable over any windows, exact instead of approximate, and a few bytes a
+-- flow-second.
 -- Its merge grows with the values merged (8 bytes each: one flow over a day is ~7 MB), which
 -- suits what reads it, the flow detail dashboard's per-flow percentiles over time; questions
 -- over many flows or long ranges read flow_stats_1m or flow_minutes_closed (t-digests).
