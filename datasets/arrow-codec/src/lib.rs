@@ -16,12 +16,12 @@
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BinaryArray, BooleanArray, ListArray, RecordBatch, StringArray, UInt32Array,
-    UInt64Array,
+    ArrayRef, BinaryArray, BooleanArray, Float64Array, ListArray, RecordBatch, StringArray,
+    StructArray, UInt32Array, UInt64Array,
 };
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer, ToByteSlice};
 use arrow_ipc::writer::StreamWriter;
-use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use cgloop_proto::v1::{Direction, RtpStats};
 use prost::encoding::{skip_field, DecodeContext, WireType};
 
@@ -36,23 +36,28 @@ const MAX_DIRECTION_NAME: usize = 21;
 /// Why a set of payloads could not become an Arrow stream.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
-    /// A payload is not a valid `FlowRecordBatch` encoding (`index` counts from 0; `record`
-    /// is the record being decoded when it failed).
-    #[error("payload {index}: not a cgloop.v1.FlowRecordBatch (record {record}): {source}")]
+    /// A payload is not a valid encoding of its batch message (`FlowRecordBatch`,
+    /// `IntRecordBatch`; `index` counts from 0; `record` is the record being decoded when it
+    /// failed).
+    #[error("payload {index}: not a cgloop.v1.{batch} (record {record}): {source}")]
     Decode {
+        batch: &'static str,
         index: usize,
         record: usize,
         #[source]
         source: WireError,
     },
-    /// A record's `direction` is no value of the `Direction` enum. ClickHouse's protobuf decoder
-    /// rejects it as well (it has no name to store), so no row of it can be stored as today.
+    /// A record's enum field (a flow record's `direction`, an INT flow record's `reason`) is no
+    /// value of its enum. ClickHouse's protobuf decoder rejects it as well (it has no name to
+    /// store), so no row of it can be stored as today.
     #[error(
-        "payload {index}, record {record}: direction {value} is not a cgloop.v1.Direction value"
+        "payload {index}, record {record}: {field} {value} is not a cgloop.v1.{enumeration} value"
     )]
-    UnknownDirection {
+    UnknownEnum {
         index: usize,
         record: usize,
+        field: &'static str,
+        enumeration: &'static str,
         value: i32,
     },
     /// The payloads together exceed what one Arrow record batch can hold.
@@ -61,9 +66,10 @@ pub enum CodecError {
          ({MAX_TOTAL_BYTES}): insert them in smaller chunks"
     )]
     TooLarge { total: usize },
-    /// So many records that their `direction` names outgrow one Arrow batch's 32-bit offsets.
+    /// So many records that their enum names (`direction`, `reason`) outgrow one Arrow
+    /// batch's 32-bit offsets.
     #[error(
-        "{records} records: their direction names outgrow one Arrow record batch \
+        "{records} records: their enum names outgrow one Arrow record batch \
          ({MAX_TOTAL_BYTES} bytes a column): insert them in smaller chunks"
     )]
     TooManyRecords { records: usize },
@@ -77,22 +83,36 @@ pub enum CodecError {
 /// No payloads give a valid stream of zero rows. A [`FlowEncoder`] kept by the caller does the
 /// same without allocating (and page-faulting) its columns afresh every call.
 pub fn flows_to_arrow<P: AsRef<[u8]>>(payloads: &[P]) -> Result<Vec<u8>, CodecError> {
-    let mut out = Vec::new();
-    FlowEncoder::new().encode_into(payloads, &mut out)?;
-    Ok(out)
+    FlowEncoder::stream(payloads)
 }
 
 /// The records of `payloads` as one Arrow record batch (the columns of [`flows_to_arrow`]'s
 /// stream, built as `arrow-array` arrays: a copy; the stream is written without them).
 pub fn flow_record_batch<P: AsRef<[u8]>>(payloads: &[P]) -> Result<RecordBatch, CodecError> {
-    let mut encoder = FlowEncoder::new();
-    encoder.decode(payloads)?;
-    encoder.columns.to_record_batch()
+    FlowEncoder::record_batch(payloads)
 }
 
 /// The Arrow schema of [`flows_to_arrow`]'s stream: `cgloop.flow_ingest`'s columns in order.
 pub fn flow_schema() -> SchemaRef {
-    FlowColumns::default().schema()
+    FlowEncoder::schema()
+}
+
+/// The columns of one ingest table, filled from its topic's batch payloads (one record a row).
+/// Each kind (flows, INT) implements it; [`Encoder`] does the rest (sizing, the IPC stream).
+pub trait Batch: Column {
+    /// The batch message's name, for errors (`FlowRecordBatch`).
+    const MESSAGE: &'static str;
+    /// The records' enum field and its enum, for errors (`("direction", "Direction")`).
+    const ENUM: (&'static str, &'static str);
+    /// The most bytes one row adds to a column with 32-bit offsets beyond the payload's own
+    /// bytes (an enum's longest name: an absent enum is 0 bytes on the wire).
+    const MAX_ROW_EXTRA: usize;
+    /// Decodes one payload (payload `index` of the call), appending its records as rows.
+    fn append_payload(&mut self, index: usize, payload: &[u8]) -> Result<(), CodecError>;
+    /// The columns' pieces in IPC order, without the batch's own node (see [`Column::pieces`]).
+    fn batch_pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>));
+    /// The columns as `arrow-array` arrays (a copy).
+    fn batch_arrays(&self) -> Result<Vec<ArrayRef>, ArrowError>;
 }
 
 /// Turns payloads into Arrow IPC streams, keeping its column vectors (and their capacity) from
@@ -100,15 +120,38 @@ pub fn flow_schema() -> SchemaRef {
 /// Holds about as many bytes as the largest stream it wrote (the Python module keeps a small
 /// pool of them, one taken by each call in flight).
 #[derive(Default)]
-pub struct FlowEncoder {
-    columns: FlowColumns,
+pub struct Encoder<C> {
+    columns: C,
     /// The stream's schema message, written once.
     schema_message: Option<Vec<u8>>,
 }
 
-impl FlowEncoder {
+/// Keeps `cgloop.flow_ingest`'s columns from call to call (see [`Encoder`]).
+pub type FlowEncoder = Encoder<FlowColumns>;
+
+impl<C: Batch> Encoder<C> {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The stream of `payloads` from a new encoder (see [`Encoder::encode_into`]).
+    pub fn stream<P: AsRef<[u8]>>(payloads: &[P]) -> Result<Vec<u8>, CodecError> {
+        let mut out = Vec::new();
+        Self::new().encode_into(payloads, &mut out)?;
+        Ok(out)
+    }
+
+    /// The records of `payloads` as one Arrow record batch (the stream's columns, built as
+    /// `arrow-array` arrays: a copy; the stream is written without them).
+    pub fn record_batch<P: AsRef<[u8]>>(payloads: &[P]) -> Result<RecordBatch, CodecError> {
+        let mut encoder = Self::new();
+        encoder.decode(payloads)?;
+        to_record_batch(&encoder.columns)
+    }
+
+    /// The stream's schema: the ingest table's columns in order.
+    pub fn schema() -> SchemaRef {
+        batch_schema(&C::default())
     }
 
     /// Writes the stream of `payloads` (see [`flows_to_arrow`]) into `out`, replacing what it
@@ -120,7 +163,7 @@ impl FlowEncoder {
     ) -> Result<(), CodecError> {
         self.decode(payloads)?;
         if self.schema_message.is_none() {
-            self.schema_message = Some(schema_message(&self.columns.schema())?);
+            self.schema_message = Some(schema_message(&batch_schema(&self.columns))?);
         }
         out.clear();
         let schema = self.schema_message.as_deref().unwrap_or_default();
@@ -139,69 +182,123 @@ impl FlowEncoder {
         }
         // Room for every record up front: growing the columns (reallocate, copy, fault the new
         // pages in) cost more than decoding into them. Malformed payloads are found by the
-        // decode. Every column but `direction` is bounded by the payload bytes.
+        // decode. Every column with offsets but the enum names is bounded by the payload bytes.
         let rows: usize = payloads.iter().map(|p| count_records(p.as_ref())).sum();
-        if rows.saturating_mul(MAX_DIRECTION_NAME) > MAX_TOTAL_BYTES {
+        if rows.saturating_mul(C::MAX_ROW_EXTRA) > MAX_TOTAL_BYTES {
             return Err(CodecError::TooManyRecords { records: rows });
         }
         self.columns.reset(rows);
         for (index, payload) in payloads.iter().enumerate() {
-            append_payload(&mut self.columns, index, payload.as_ref())?;
+            self.columns.append_payload(index, payload.as_ref())?;
         }
         Ok(())
     }
 }
 
-/// Decodes one `FlowRecordBatch` a record at a time straight into `columns` (a wire decoder
-/// for these messages: prost's merge into a reused `FlowRecord` then a copy into the columns
-/// was ~70% of a call).
-fn append_payload(
-    columns: &mut FlowColumns,
+/// The columns as one record batch (a copy).
+fn to_record_batch<C: Batch>(columns: &C) -> Result<RecordBatch, CodecError> {
+    Ok(RecordBatch::try_new(
+        batch_schema(columns),
+        columns.batch_arrays()?,
+    )?)
+}
+
+/// The stream's schema: the batch's columns, none nullable.
+fn batch_schema<C: Batch>(columns: &C) -> SchemaRef {
+    match columns.data_type() {
+        DataType::Struct(fields) => Arc::new(Schema::new(fields)),
+        _ => Arc::new(Schema::empty()),
+    }
+}
+
+impl Batch for FlowColumns {
+    const MESSAGE: &'static str = "FlowRecordBatch";
+    const ENUM: (&'static str, &'static str) = ("direction", "Direction");
+    const MAX_ROW_EXTRA: usize = MAX_DIRECTION_NAME;
+
+    fn append_payload(&mut self, index: usize, payload: &[u8]) -> Result<(), CodecError> {
+        // A wire decoder for these messages, a record at a time straight into the columns
+        // (prost's merge into a reused `FlowRecord` then a copy into the columns was ~70% of a
+        // call).
+        for_each_record::<Self>(index, payload, |body| {
+            let row = decode_record(body, self)?;
+            self.push_row(&row).map_err(RowError::UnknownEnum)
+        })
+    }
+
+    fn batch_pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
+        self.column_pieces(f);
+    }
+
+    fn batch_arrays(&self) -> Result<Vec<ArrayRef>, ArrowError> {
+        self.arrays()
+    }
+}
+
+/// Why one record could not become a row.
+enum RowError {
+    /// Its encoding (see [`WireError`]).
+    Wire(WireError),
+    /// Its enum field holds this value, no value of the enum ([`Batch::ENUM`]).
+    UnknownEnum(i32),
+}
+
+impl From<WireError> for RowError {
+    fn from(e: WireError) -> Self {
+        RowError::Wire(e)
+    }
+}
+
+/// Walks one batch payload (payload `index` of the call): `row` gets each record's body in
+/// order (field 1); other fields are skipped, as protobuf decoders skip a newer producer's.
+#[inline(always)]
+fn for_each_record<'p, C: Batch>(
     index: usize,
-    payload: &[u8],
+    payload: &'p [u8],
+    mut row: impl FnMut(&'p [u8]) -> Result<(), RowError>,
 ) -> Result<(), CodecError> {
     let mut buf = payload;
     let mut record = 0;
     let decode_error = |record, source| CodecError::Decode {
+        batch: C::MESSAGE,
         index,
         record,
         source,
     };
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf).map_err(|e| decode_error(record, e))?;
-        if tag == FLOW_RECORD_BATCH_RECORDS {
+        if tag == BATCH_RECORDS {
             let at = FieldAt {
-                message: "FlowRecordBatch",
+                message: C::MESSAGE,
                 field: "records",
                 wire_type,
             };
-            let row = at
-                .bytes(&mut buf)
-                .and_then(|body| decode_record(body, columns))
-                .map_err(|e| decode_error(record, e))?;
-            columns
-                .push_row(&row)
-                .map_err(|value| CodecError::UnknownDirection {
+            let body = at.bytes(&mut buf).map_err(|e| decode_error(record, e))?;
+            row(body).map_err(|e| match e {
+                RowError::Wire(source) => decode_error(record, source),
+                RowError::UnknownEnum(value) => CodecError::UnknownEnum {
                     index,
                     record,
+                    field: C::ENUM.0,
+                    enumeration: C::ENUM.1,
                     value,
-                })?;
+                },
+            })?;
             record += 1;
         } else {
-            // An unknown field (a newer producer): skipped, as protobuf decoders do.
             skip(tag, wire_type, &mut buf).map_err(|e| decode_error(record, e))?;
         }
     }
     Ok(())
 }
 
-/// How many records a `FlowRecordBatch` payload holds (its field-1 keys; stops quietly at
+/// How many records a batch payload holds (its field-1 keys; stops quietly at
 /// anything malformed, which the decode then reports). Only sizes the columns.
 fn count_records(payload: &[u8]) -> usize {
     let mut buf = payload;
     let mut n = 0;
     while !buf.is_empty() {
-        if take_key(&mut buf, FLOW_RECORD_BATCH_RECORDS, LENGTH_DELIMITED) {
+        if take_key(&mut buf, BATCH_RECORDS, LENGTH_DELIMITED) {
             let (len, at) = varint_at(buf);
             match buf
                 .get(at..)
@@ -219,14 +316,14 @@ fn count_records(payload: &[u8]) -> usize {
             if skip(tag, wire_type, &mut buf).is_err() {
                 break;
             }
-            n += usize::from(tag == FLOW_RECORD_BATCH_RECORDS);
+            n += usize::from(tag == BATCH_RECORDS);
         }
     }
     n
 }
 
-/// `FlowRecordBatch.records`' field number.
-const FLOW_RECORD_BATCH_RECORDS: u32 = 1;
+/// The field number of a batch's records (`FlowRecordBatch.records`, `IntRecordBatch.records`).
+const BATCH_RECORDS: u32 = 1;
 
 // ---- The IPC stream, written from the columns -------------------------------------------------
 
@@ -246,7 +343,7 @@ fn schema_message(schema: &Schema) -> Result<Vec<u8>, CodecError> {
 
 /// What one column is made of in IPC order: field nodes and buffers (V5, no nulls: each
 /// validity buffer is empty, as `arrow-ipc` writes it when the null count is 0).
-enum Piece<'a> {
+pub enum Piece<'a> {
     Node(usize),
     NoValidity,
     Bytes(&'a [u8]),
@@ -266,7 +363,7 @@ impl Piece<'_> {
 
 /// Writes the record batch message (continuation, length, flatbuffer metadata, body) of
 /// `columns` into `out`, copying each column once; `out` is reserved for all of it first.
-fn write_batch_message(columns: &FlowColumns, out: &mut Vec<u8>) -> Result<(), CodecError> {
+fn write_batch_message<C: Batch>(columns: &C, out: &mut Vec<u8>) -> Result<(), CodecError> {
     // Layout: where each buffer sits in the body.
     let mut nodes = Vec::with_capacity(48);
     let mut buffers = Vec::with_capacity(96);
@@ -276,7 +373,7 @@ fn write_batch_message(columns: &FlowColumns, out: &mut Vec<u8>) -> Result<(), C
     if !columns.offsets_fit() {
         return Err(ArrowError::ComputeError("a column outgrew its 32-bit offsets".into()).into());
     }
-    columns.pieces(&mut |piece| match piece {
+    columns.batch_pieces(&mut |piece| match piece {
         Piece::Node(len) => nodes.push(arrow_ipc::FieldNode::new(len as i64, 0)),
         piece => {
             let len = piece.body_len();
@@ -292,7 +389,7 @@ fn write_batch_message(columns: &FlowColumns, out: &mut Vec<u8>) -> Result<(), C
     let nodes = fbb.create_vector(&nodes);
     let batch = {
         let mut b = arrow_ipc::RecordBatchBuilder::new(&mut fbb);
-        b.add_length(columns.rows as i64);
+        b.add_length(columns.len() as i64);
         b.add_nodes(nodes);
         b.add_buffers(buffers);
         b.finish().as_union_value()
@@ -317,7 +414,7 @@ fn write_batch_message(columns: &FlowColumns, out: &mut Vec<u8>) -> Result<(), C
     out.extend_from_slice(metadata);
     let body_start = out.len() + (header_len - 8 - metadata.len());
     out.resize(body_start, 0);
-    columns.pieces(&mut |piece| {
+    columns.batch_pieces(&mut |piece| {
         match piece {
             Piece::Node(_) | Piece::NoValidity => return,
             Piece::Bytes(b) => out.extend_from_slice(b),
@@ -335,10 +432,15 @@ fn write_batch_message(columns: &FlowColumns, out: &mut Vec<u8>) -> Result<(), C
 
 // ---- The columns ------------------------------------------------------------------------------
 
-/// A column of `cgloop.flow_ingest` as plain vectors, emptied (capacity kept) between calls.
-trait Column: Default {
+/// A column of an ingest table as plain vectors, emptied (capacity kept) between calls.
+pub trait Column: Default {
     /// Empties the column and makes room for `rows` rows.
     fn reset(&mut self, rows: usize);
+    /// Its rows.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Its Arrow type (never nullable).
     fn data_type(&self) -> DataType;
     /// Its field nodes and buffers, in IPC order.
@@ -351,58 +453,50 @@ trait Column: Default {
     }
 }
 
-impl Column for Vec<u32> {
-    fn reset(&mut self, rows: usize) {
-        self.clear();
-        self.reserve(rows);
-    }
-    fn data_type(&self) -> DataType {
-        DataType::UInt32
-    }
-    fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
-        f(Piece::Node(self.len()));
-        f(Piece::NoValidity);
-        f(Piece::Bytes(self.to_byte_slice()));
-    }
-    fn to_array(&self) -> Result<ArrayRef, ArrowError> {
-        Ok(Arc::new(UInt32Array::from(self.clone())))
-    }
+/// A fixed-width column's values: their bytes as they are in memory (little-endian).
+fn bytes<T>(values: &[T]) -> Piece<'_>
+where
+    [T]: ToByteSlice,
+{
+    Piece::Bytes(values.to_byte_slice())
 }
 
-impl Column for Vec<u64> {
-    fn reset(&mut self, rows: usize) {
-        self.clear();
-        self.reserve(rows);
-    }
-    fn data_type(&self) -> DataType {
-        DataType::UInt64
-    }
-    fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
-        f(Piece::Node(self.len()));
-        f(Piece::NoValidity);
-        f(Piece::Bytes(self.to_byte_slice()));
-    }
-    fn to_array(&self) -> Result<ArrayRef, ArrowError> {
-        Ok(Arc::new(UInt64Array::from(self.clone())))
-    }
+/// A boolean column's values: one bit each.
+fn bits(values: &[bool]) -> Piece<'_> {
+    Piece::Bits(values)
 }
 
-impl Column for Vec<bool> {
-    fn reset(&mut self, rows: usize) {
-        self.clear();
-        self.reserve(rows);
-    }
-    fn data_type(&self) -> DataType {
-        DataType::Boolean
-    }
-    fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
-        f(Piece::Node(self.len()));
-        f(Piece::NoValidity);
-        f(Piece::Bits(self));
-    }
-    fn to_array(&self) -> Result<ArrayRef, ArrowError> {
-        Ok(Arc::new(BooleanArray::from(self.clone())))
-    }
+/// Fixed-width columns: a vector of values, its data buffer made by `$piece`.
+macro_rules! primitive_column {
+    ($($t:ty => $data_type:ident, $array:ident, $piece:ident;)*) => {$(
+        impl Column for Vec<$t> {
+            fn reset(&mut self, rows: usize) {
+                self.clear();
+                self.reserve(rows);
+            }
+            fn len(&self) -> usize {
+                Vec::len(self)
+            }
+            fn data_type(&self) -> DataType {
+                DataType::$data_type
+            }
+            fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
+                f(Piece::Node(Vec::len(self)));
+                f(Piece::NoValidity);
+                f($piece(self));
+            }
+            fn to_array(&self) -> Result<ArrayRef, ArrowError> {
+                Ok(Arc::new($array::from(self.clone())))
+            }
+        }
+    )*};
+}
+
+primitive_column! {
+    u32 => UInt32, UInt32Array, bytes;
+    u64 => UInt64, UInt64Array, bytes;
+    f64 => Float64, Float64Array, bytes;
+    bool => Boolean, BooleanArray, bits;
 }
 
 /// Variable-length values (`utf8` when `UTF8`, else `binary`): offsets and bytes.
@@ -442,6 +536,9 @@ impl<const UTF8: bool> Var<UTF8> {
 }
 
 impl<const UTF8: bool> Column for Var<UTF8> {
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
     fn reset(&mut self, rows: usize) {
         self.offsets.clear();
         self.offsets.reserve(rows + 1);
@@ -457,7 +554,7 @@ impl<const UTF8: bool> Column for Var<UTF8> {
         }
     }
     fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
-        f(Piece::Node(self.offsets.len() - 1));
+        f(Piece::Node(self.len()));
         f(Piece::NoValidity);
         f(Piece::Bytes(self.offsets.to_byte_slice()));
         f(Piece::Bytes(&self.data));
@@ -476,109 +573,139 @@ impl<const UTF8: bool> Column for Var<UTF8> {
     }
 }
 
-/// `list<uint64>` (a histogram's buckets, never null): offsets and the values.
-struct U64List {
+/// `list<item>` of any column (histogram buckets, path switch ids, INT hops), never null:
+/// offsets, then the items as a column of their own.
+pub struct List<C> {
     offsets: Vec<i32>,
-    values: Vec<u64>,
+    values: C,
+    /// Items a row to make room for.
+    per_row: usize,
 }
 
-impl Default for U64List {
+type U64List = List<Vec<u64>>;
+
+impl<C: Column> Default for List<C> {
     fn default() -> Self {
         Self {
             offsets: vec![0],
-            values: Vec::new(),
+            values: C::default(),
+            // 32 buckets a row (2^32 ns, 4 GB): more only grows the values.
+            per_row: 32,
         }
     }
 }
 
-impl U64List {
-    /// Ends the current row's list (its values were appended to `values`).
+impl<C: Column> List<C> {
+    fn with_per_row(per_row: usize) -> Self {
+        Self {
+            per_row,
+            ..Self::default()
+        }
+    }
+    /// Ends the current row's list (its items were appended to `values`). The item count fits
+    /// the offsets: `decode` bounds it by the payloads' bytes (`write_batch_message` checks).
     fn close(&mut self) {
         self.offsets.push(self.values.len() as i32);
     }
-    fn item() -> FieldRef {
-        // Histogram buckets never hold nulls: a non-nullable item, as Array(UInt64) is.
-        Arc::new(Field::new_list_field(DataType::UInt64, false))
+    fn item(&self) -> FieldRef {
+        // Items are never null, as in ClickHouse's Array(UInt64) or Array(Tuple(...)).
+        Arc::new(Field::new_list_field(self.values.data_type(), false))
     }
 }
 
-impl Column for U64List {
+impl<C: Column> Column for List<C> {
     fn reset(&mut self, rows: usize) {
         self.offsets.clear();
         self.offsets.reserve(rows + 1);
         self.offsets.push(0);
-        self.values.clear();
-        // Room for 32 buckets a row (2^32 ns, 4 GB): more only grows the values.
-        self.values.reserve(rows * 32);
+        self.values.reset(rows * self.per_row);
+    }
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
     }
     fn data_type(&self) -> DataType {
-        DataType::List(Self::item())
+        DataType::List(self.item())
     }
     fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
-        f(Piece::Node(self.offsets.len() - 1));
+        f(Piece::Node(self.len()));
         f(Piece::NoValidity);
         f(Piece::Bytes(self.offsets.to_byte_slice()));
-        f(Piece::Node(self.values.len()));
-        f(Piece::NoValidity);
-        f(Piece::Bytes(self.values.to_byte_slice()));
+        self.values.pieces(f);
     }
     fn to_array(&self) -> Result<ArrayRef, ArrowError> {
         let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets.clone()));
-        let values = Arc::new(UInt64Array::from(self.values.clone()));
         Ok(Arc::new(ListArray::try_new(
-            Self::item(),
+            self.item(),
             offsets,
-            values,
+            self.values.to_array()?,
             None,
         )?))
     }
     fn offsets_fit(&self) -> bool {
-        self.values.len() <= i32::MAX as usize
+        self.values.len() <= i32::MAX as usize && self.values.offsets_fit()
     }
 }
 
-/// One column per `cgloop.flow_ingest` column, in the table's order: the struct, its reset,
-/// its schema and its IPC pieces all come from this one list.
-macro_rules! flow_columns {
-    ($($name:ident: $ty:ty $(= $init:expr)?,)*) => {
-        struct FlowColumns {
+/// Columns as one struct (a Rust struct of columns, in the table's order): a record batch's
+/// columns, or a `struct` column (ClickHouse's named `Tuple`). The struct, its reset, its
+/// fields and its IPC pieces all come from the one list.
+macro_rules! columns {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident {
+        $($col:ident: $ty:ty $(= $init:expr)?,)*
+    }) => {
+        $(#[$meta])*
+        $vis struct $name {
             rows: usize,
-            $($name: $ty,)*
+            $($col: $ty,)*
         }
 
-        impl Default for FlowColumns {
+        impl Default for $name {
             fn default() -> Self {
                 Self {
                     rows: 0,
-                    $($name: flow_columns!(@init $ty $(= $init)?),)*
+                    $($col: columns!(@init $ty $(= $init)?),)*
                 }
             }
         }
 
-        impl FlowColumns {
+        impl $name {
+            /// The columns' pieces, in order.
+            fn column_pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
+                $(self.$col.pieces(f);)*
+            }
+
+            fn fields(&self) -> Fields {
+                Fields::from(vec![
+                    $(Field::new(stringify!($col), self.$col.data_type(), false),)*
+                ])
+            }
+
+            fn arrays(&self) -> Result<Vec<ArrayRef>, ArrowError> {
+                Ok(vec![$(self.$col.to_array()?,)*])
+            }
+        }
+
+        impl Column for $name {
             fn reset(&mut self, rows: usize) {
                 self.rows = 0;
-                $(self.$name.reset(rows);)*
+                $(self.$col.reset(rows);)*
             }
-
+            fn len(&self) -> usize {
+                self.rows
+            }
+            fn data_type(&self) -> DataType {
+                DataType::Struct(self.fields())
+            }
             fn pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>)) {
-                $(self.$name.pieces(f);)*
+                f(Piece::Node(self.rows));
+                f(Piece::NoValidity);
+                self.column_pieces(f);
             }
-
+            fn to_array(&self) -> Result<ArrayRef, ArrowError> {
+                Ok(Arc::new(StructArray::try_new(self.fields(), self.arrays()?, None)?))
+            }
             fn offsets_fit(&self) -> bool {
-                true $(&& self.$name.offsets_fit())*
-            }
-
-            fn schema(&self) -> SchemaRef {
-                Arc::new(Schema::new(vec![
-                    $(Field::new(stringify!($name), self.$name.data_type(), false),)*
-                ]))
-            }
-
-            /// The columns as one record batch (a copy); names are the ingest table's.
-            fn to_record_batch(&self) -> Result<RecordBatch, CodecError> {
-                let arrays = vec![$(self.$name.to_array()?,)*];
-                Ok(RecordBatch::try_new(self.schema(), arrays)?)
+                true $(&& self.$col.offsets_fit())*
             }
         }
     };
@@ -586,7 +713,9 @@ macro_rules! flow_columns {
     (@init $ty:ty) => { <$ty>::default() };
 }
 
-flow_columns! {
+columns! {
+    /// `cgloop.flow_ingest`'s columns.
+    pub struct FlowColumns {
     header_schema_version: Vec<u32>,
     header_source_id: Utf8 = Utf8::with_hint(32),
     header_sequence: Vec<u64>,
@@ -631,6 +760,7 @@ flow_columns! {
     rtp_duplicate_packets: Vec<u64>,
     rtp_marker_packets: Vec<u64>,
     rtp_extended_highest_sequence: Vec<u32>,
+    }
 }
 
 impl FlowColumns {
@@ -692,6 +822,10 @@ impl FlowColumns {
     }
 }
 
+// The INT records (after `columns!`, which they use).
+mod int;
+pub use int::{int_to_arrow, HopColumns, IntColumns, IntEncoder};
+
 // ---- The protobuf wire decoder ----------------------------------------------------------------
 
 /// What is wrong with a payload's protobuf encoding (the rules, and for the common faults the
@@ -721,9 +855,10 @@ pub enum WireError {
         message: &'static str,
         field: &'static str,
     },
-    /// Skipping an unknown field (prost's `skip_field`).
+    /// prost's own decoder: skipping an unknown field (`skip_field`), or a message decoded
+    /// with prost (the INT records).
     #[error(transparent)]
-    Skip(#[from] prost::DecodeError),
+    Prost(#[from] prost::DecodeError),
 }
 
 const VARINT: u8 = 0;
@@ -1168,7 +1303,7 @@ fn rtp_field(tag: u32, wt: u8, b: &mut &[u8], rtp: &mut RtpStats) -> Result<(), 
 
 #[cfg(feature = "python")]
 mod python {
-    //! `cgloop.arrowcodec`: the Python face of [`crate::FlowEncoder`].
+    //! `cgloop.arrowcodec`: the Python face of [`crate::FlowEncoder`] and [`crate::IntEncoder`].
 
     use std::os::raw::{c_int, c_void};
     use std::sync::{Mutex, PoisonError};
@@ -1179,12 +1314,13 @@ mod python {
     use pyo3::pybacked::PyBackedBytes;
     use pyo3::types::PyMemoryView;
 
-    use crate::{CodecError, FlowEncoder};
+    use crate::{Batch, CodecError, Encoder, FlowEncoder, IntEncoder};
 
     /// Idle encoders (warm column vectors) and idle stream buffers, taken by the next calls: a
     /// call then touches no fresh memory (page faults of fresh buffers were ~40% of a call).
     /// At most `KEEP_IDLE` of each are kept; a stream buffer only up to `KEEP_MAX_BYTES`.
-    static ENCODERS: Mutex<Vec<FlowEncoder>> = Mutex::new(Vec::new());
+    static FLOW_ENCODERS: Mutex<Vec<FlowEncoder>> = Mutex::new(Vec::new());
+    static INT_ENCODERS: Mutex<Vec<IntEncoder>> = Mutex::new(Vec::new());
     static STREAMS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
     const KEEP_IDLE: usize = 2;
     const KEEP_MAX_BYTES: usize = 1 << 30;
@@ -1258,13 +1394,34 @@ mod python {
         py: Python<'py>,
         payloads: Vec<PyBackedBytes>,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
+        to_stream(py, &payloads, &FLOW_ENCODERS)
+    }
+
+    /// Decode Kafka payloads of cgloop.int.v1 (each an IntRecordBatch) into one Arrow IPC
+    /// stream shaped like cgloop.int_ingest, returned as a read-only memoryview. Raises
+    /// ValueError naming the bad payload's index.
+    #[pyfunction]
+    fn int_to_arrow<'py>(
+        py: Python<'py>,
+        payloads: Vec<PyBackedBytes>,
+    ) -> PyResult<Bound<'py, PyMemoryView>> {
+        to_stream(py, &payloads, &INT_ENCODERS)
+    }
+
+    /// One call: an idle encoder of the kind and an idle stream buffer from the pools, the
+    /// stream written without the GIL, handed out as a memoryview over the buffer.
+    fn to_stream<'py, C: Batch + Send>(
+        py: Python<'py>,
+        payloads: &[PyBackedBytes],
+        encoders: &'static Mutex<Vec<Encoder<C>>>,
+    ) -> PyResult<Bound<'py, PyMemoryView>> {
         // The whole conversion holds no Python object: other threads run meanwhile.
         let data = py
             .detach(|| {
-                let mut encoder = take(&ENCODERS).unwrap_or_default();
+                let mut encoder = take(encoders).unwrap_or_default();
                 let mut out = take(&STREAMS).unwrap_or_default();
-                let written = encoder.encode_into(&payloads, &mut out);
-                give(&ENCODERS, encoder);
+                let written = encoder.encode_into(payloads, &mut out);
+                give(encoders, encoder);
                 match written {
                     Ok(()) => Ok(out),
                     Err(e) => {
@@ -1289,6 +1446,7 @@ mod python {
     fn arrowcodec(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<ArrowStream>()?;
         m.add_function(wrap_pyfunction!(flows_to_arrow, m)?)?;
+        m.add_function(wrap_pyfunction!(int_to_arrow, m)?)?;
         Ok(())
     }
 }
@@ -1532,7 +1690,7 @@ mod tests {
                 cols.append(r).ok()?;
             }
         }
-        cols.to_record_batch().ok()
+        to_record_batch(&cols).ok()
     }
 
     /// A payload written by hand with what protobuf encoders may send but prost's own encoder
@@ -1717,10 +1875,12 @@ mod tests {
         assert!(
             matches!(
                 err,
-                CodecError::UnknownDirection {
+                CodecError::UnknownEnum {
                     index: 0,
                     record: 1,
-                    value: 7
+                    field: "direction",
+                    value: 7,
+                    ..
                 }
             ),
             "{err}"

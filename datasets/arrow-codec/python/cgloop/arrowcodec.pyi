@@ -1,10 +1,11 @@
-"""cgloop.arrowcodec: Kafka payloads of cgloop.flows.v1 -> one Arrow IPC stream (Rust, PyO3)."""
+"""cgloop.arrowcodec: Kafka payloads of cgloop.flows.v1 / cgloop.int.v1 -> one Arrow IPC stream
+(Rust, PyO3)."""
 
 from collections.abc import Sequence
 
 class ArrowStream:
     """The bytes of one stream, owned by Rust, exported read-only through the buffer protocol
-    (flows_to_arrow returns a memoryview of it). Its memory goes back to the codec's pool for
+    (flows_to_arrow and int_to_arrow return a memoryview of it). Its memory goes back to the codec's pool for
     a later call when the last view of it is released."""
 
     def __len__(self) -> int: ...
@@ -23,4 +24,17 @@ def flows_to_arrow(payloads: Sequence[bytes]) -> memoryview:
     valid FlowRecordBatch, or the payload and record index when a direction is no Direction
     value (ClickHouse's protobuf decoder rejects those too); ValueError also when the payloads
     exceed 2 GiB together (one Arrow batch's limit).
+    """
+
+def int_to_arrow(payloads: Sequence[bytes]) -> memoryview:
+    """Decode each payload as a cgloop.v1.IntRecordBatch, concatenate all records in order and
+    return ONE Arrow IPC stream whose columns are exactly those of cgloop.int_ingest (the four
+    oneof kinds side by side; a record's other kinds are 0 / '' / empty and flow_reason is
+    INT_EVENT_REASON_UNSPECIFIED, as ClickHouse's protobuf decoder fills them), for
+    `INSERT ... FORMAT ArrowStream`. Same conventions as flows_to_arrow: runs without the GIL,
+    a read-only memoryview over pooled memory, no payloads give a stream of zero rows.
+
+    Raises ValueError naming the payload's index and record when one is not a valid
+    IntRecordBatch, or when a flow record's reason is no IntEventReason value (ClickHouse's
+    protobuf decoder rejects those too); ValueError also beyond 2 GiB of payloads.
     """
