@@ -1,7 +1,7 @@
 """cgloop.arrowcodec.int_to_arrow against the real store: the same INT Kafka payloads inserted
 through the ProtobufList path (StoreWriter(columnar=False)) and as an Arrow stream
-(int_to_arrow + FORMAT ArrowStream) must store identical rows in the four INT tables and
-identical roll-ups (flow_stats_1s / flow_stats_1m: latency and drops).
+(StoreWriter's default: int_to_arrow + FORMAT ArrowStream) must store identical rows in the
+four INT tables and identical roll-ups (flow_stats_1s / flow_stats_1m: latency and drops).
 
 chDB opens one data folder per process, so each path runs in a child process of its own
 (this file run as a script) on a fresh, migrated store; both run side by side."""
@@ -222,9 +222,12 @@ def _child(path: str, folder: Path) -> None:
         # columnar=False: ClickHouse's ProtobufList decoder, not the codec.
         StoreWriter(client, columnar=False).insert(KINDS["cgloop.int.v1"], payloads, None)
     else:
-        stream = int_to_arrow(payloads)
-        names = pa.ipc.open_stream(stream).schema.names
-        client.raw_insert("cgloop.int_ingest", names, insert_block=stream, fmt="ArrowStream")
+        # The sink's own path: StoreWriter picks the codec for the INT topic.
+        writer = StoreWriter(client)
+        encoded = writer.encode(KINDS["cgloop.int.v1"], payloads)
+        assert encoded.fmt == "ArrowStream"
+        assert bytes(encoded.body) == bytes(int_to_arrow(payloads))
+        writer.insert(KINDS["cgloop.int.v1"], payloads, None, encoded)
     out = {
         name: [
             json.loads(line)
