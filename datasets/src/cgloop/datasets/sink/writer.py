@@ -2,9 +2,10 @@
 
 Flow records and INT records, the high-volume kinds, are decoded in Rust (`cgloop.arrowcodec`,
 one Arrow IPC stream a chunk, the GIL released) and inserted as `ArrowStream`: ClickHouse then
-reads columns instead of decoding protobuf row by row (~0.4 against ~1.5-2.5 us a record,
-bench/datasets). Every other kind is sent as
-its raw protobuf batches (`ProtobufList`), decoded by ClickHouse with the schema sent inline
+reads columns instead of decoding protobuf row by row (flows: ~0.4 against ~1.5-2.5 us a
+record, bench/datasets; INT: 1.4x ProtobufList's rate into int_ingest with its views,
+datasets/arrow-codec/README.md). Every other kind is sent as its raw protobuf batches
+(`ProtobufList`), decoded by ClickHouse with the schema sent inline
 (`format_schema_source='string'`), so no store needs our .proto files on its disk.
 
 The same `raw_insert` call works against chDB in this process (clickhouse-connect's `chdb://`
