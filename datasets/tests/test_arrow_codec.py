@@ -196,6 +196,9 @@ def test_malformed_payload_raises_value_error_naming_its_index() -> None:
         flows_to_arrow([good, unknown.SerializeToString()])
     with pytest.raises(TypeError):
         flows_to_arrow([good, "not bytes"])  # type: ignore[list-item]
+    # Nearly empty records are refused before their columns are sized (~200x the wire bytes).
+    with pytest.raises(ValueError, match=r"^400000 records in 800000 bytes .*nearly empty"):
+        flows_to_arrow([b"\x0a\x00" * 400_000])
 
 
 def test_decode_releases_the_gil() -> None:
@@ -350,6 +353,8 @@ def test_malformed_int_payload_raises_value_error_naming_its_index() -> None:
         int_to_arrow([unknown.SerializeToString()])
     with pytest.raises(TypeError):
         int_to_arrow([good, "not bytes"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"^400000 records in 800000 bytes .*nearly empty"):
+        int_to_arrow([b"\x0a\x00" * 400_000])
 
 
 def _child(kind: str, path: str, folder: Path) -> None:

@@ -29,6 +29,15 @@ use prost::encoding::{skip_field, DecodeContext, WireType};
 /// strings, addresses and histogram values of a batch never outgrow its protobuf encoding.
 pub const MAX_TOTAL_BYTES: usize = i32::MAX as usize;
 
+/// How many times its payloads' bytes a call's columns may take (at least
+/// [`MIN_COLUMN_LIMIT`]). Real batches take 2-4x (flows ~2.1x, INT ~3.6x); a batch of empty
+/// records (2 bytes on the wire, a few hundred bytes of fixed-width columns each) would take
+/// ~200x: 6 GB for a 32 MiB sink chunk. Refused before the columns are sized, so the sink sets
+/// the chunk aside message by message (its dead letters) instead of allocating that much.
+pub const MAX_EXPANSION: usize = 32;
+/// The column memory any call may take, whatever its payloads' size.
+pub const MIN_COLUMN_LIMIT: usize = 64 << 20;
+
 /// The longest `Direction` name (`DIRECTION_UNSPECIFIED`): bounds the `direction` column's bytes,
 /// the one column that can outgrow the protobuf bytes (an empty record is 2 bytes on the wire).
 const MAX_DIRECTION_NAME: usize = 21;
@@ -73,6 +82,20 @@ pub enum CodecError {
          ({MAX_TOTAL_BYTES} bytes a column): insert them in smaller chunks"
     )]
     TooManyRecords { records: usize },
+    /// The records are so many for their bytes (nearly empty records) that their fixed-width
+    /// columns would take more than [`MAX_EXPANSION`] times the payloads.
+    #[error(
+        "{records} records in {total} bytes would take {columns} bytes of columns, more than \
+         {limit} ({MAX_EXPANSION}x the payloads' bytes, at least {min_mib} MiB): nearly empty \
+         records",
+        min_mib = MIN_COLUMN_LIMIT >> 20
+    )]
+    Expands {
+        records: usize,
+        total: usize,
+        columns: usize,
+        limit: usize,
+    },
     /// Building the Arrow arrays or the IPC stream failed (a bug, not bad input).
     #[error("building the Arrow stream: {0}")]
     Arrow(#[from] ArrowError),
@@ -187,12 +210,37 @@ impl<C: Batch> Encoder<C> {
         if rows.saturating_mul(C::MAX_ROW_EXTRA) > MAX_TOTAL_BYTES {
             return Err(CodecError::TooManyRecords { records: rows });
         }
+        let columns = rows.saturating_mul(fixed_row_bytes(&Self::schema()));
+        let limit = total.saturating_mul(MAX_EXPANSION).max(MIN_COLUMN_LIMIT);
+        if columns > limit {
+            return Err(CodecError::Expands {
+                records: rows,
+                total,
+                columns,
+                limit,
+            });
+        }
         self.columns.reset(rows);
         for (index, payload) in payloads.iter().enumerate() {
             self.columns.append_payload(index, payload.as_ref())?;
         }
         Ok(())
     }
+}
+
+/// The bytes a row takes in the fixed-width part of `schema`'s columns: values, validity-free
+/// booleans as a byte, a 32-bit offset for each string, binary and list (list elements and
+/// string bytes come from the payload's own bytes and are not counted).
+fn fixed_row_bytes(schema: &Schema) -> usize {
+    fn width(t: &DataType) -> usize {
+        match t {
+            DataType::Utf8 | DataType::Binary | DataType::List(_) => 4,
+            DataType::Struct(fields) => fields.iter().map(|f| width(f.data_type())).sum(),
+            DataType::Boolean => 1,
+            t => t.primitive_width().unwrap_or(8),
+        }
+    }
+    schema.fields().iter().map(|f| width(f.data_type())).sum()
 }
 
 /// The columns as one record batch (a copy).
@@ -1651,6 +1699,36 @@ mod tests {
         assert_eq!(
             col(&b, "direction").as_string::<i32>().value(2),
             "DIRECTION_INGRESS"
+        );
+    }
+
+    #[test]
+    fn nearly_empty_records_are_refused_before_the_columns_are_sized() {
+        // 400 000 empty records: 800 kB on the wire, over 100 MB of fixed-width columns.
+        let empty = [0x0a_u8, 0x00].repeat(400_000);
+        let err = flows_to_arrow(&[empty]).expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                CodecError::Expands {
+                    records: 400_000,
+                    total: 800_000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().ends_with("nearly empty records"), "{err}");
+        // The same records, fewer: within the floor, decoded (a small batch of empty records is
+        // odd, not dangerous).
+        let few = [0x0a_u8, 0x00].repeat(1000);
+        assert!(flows_to_arrow(&[few]).is_ok());
+        // Real records are far below the factor: 100 000 sample records pass.
+        let sample = samples::sample_flow_record_batch().encode_to_vec();
+        assert!(flows_to_arrow(&vec![sample; 100_000]).is_ok());
+        assert!(
+            fixed_row_bytes(&flow_schema()) > 200,
+            "flows have ~40 fixed-width columns"
         );
     }
 
