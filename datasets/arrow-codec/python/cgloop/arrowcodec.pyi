@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 class ArrowStream:
     """The bytes of one stream, owned by Rust, exported read-only through the buffer protocol
-    (flows_to_arrow and int_to_arrow return a memoryview of it). Its memory goes back to the codec's pool for
-    a later call when the last view of it is released."""
+    (flows_to_arrow and int_to_arrow return a memoryview of it). Its memory goes back to the
+    codec's pool for a later call when the last view of it is released."""
 
     def __len__(self) -> int: ...
 
