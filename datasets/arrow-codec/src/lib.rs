@@ -1144,9 +1144,10 @@ fn take_key(buf: &mut &[u8], tag: u32, wire_type: u8) -> bool {
     taken
 }
 
-/// Decodes the fields listed, in that order, each when its key comes next (see
-/// `decode_record`); stops at nothing: an absent field is just not there.
-macro_rules! in_order {
+/// Decodes a whole message body `$b` with `$field` (one field: its tag, wire type and the rest
+/// of the body): first the fields listed, in that order, each when its key comes next (see
+/// `decode_record`; an absent field is just not there), then whatever remains, in any order.
+macro_rules! decode_fields {
     ($b:ident, |$tag:ident, $wt:ident, $bb:ident| $field:expr; $($t:literal $w:ident),* $(,)?) => {
         $(
             if take_key($b, $t, $w) {
@@ -1154,6 +1155,11 @@ macro_rules! in_order {
                 $field?;
             }
         )*
+        while !$b.is_empty() {
+            let ($tag, $wt) = key($b)?;
+            let $bb = &mut *$b;
+            $field?;
+        }
     };
 }
 
@@ -1165,16 +1171,12 @@ fn decode_record<'a>(mut buf: &'a [u8], cols: &mut FlowColumns) -> Result<Row<'a
     // Every encoder we know writes the fields in tag order, each once: taken in that order,
     // each check is a branch predicted right (a `match` on each key was a jump mispredicted
     // nearly every field). The rest, whatever its order, goes through the general loop.
-    in_order!(b, |tag, wt, b| record_field(tag, wt, b, &mut row, cols);
+    decode_fields!(b, |tag, wt, b| record_field(tag, wt, b, &mut row, cols);
         1 LENGTH_DELIMITED, 2 LENGTH_DELIMITED, 3 VARINT, 4 VARINT, 5 VARINT,
         6 LENGTH_DELIMITED, 7 VARINT, 8 VARINT, 9 VARINT, 10 VARINT, 11 VARINT, 12 VARINT,
         13 VARINT, 14 VARINT, 15 VARINT, 16 VARINT, 17 VARINT, 18 LENGTH_DELIMITED,
         19 LENGTH_DELIMITED, 20 VARINT, 21 VARINT, 22 VARINT, 23 VARINT, 24 VARINT, 25 VARINT,
         26 VARINT, 27 VARINT, 28 LENGTH_DELIMITED);
-    while !b.is_empty() {
-        let (tag, wt) = key(b)?;
-        record_field(tag, wt, b, &mut row, cols)?;
-    }
     Ok(row)
 }
 
@@ -1233,12 +1235,8 @@ fn record_field<'a>(
 
 fn decode_header<'a>(mut buf: &'a [u8], row: &mut Row<'a>) -> Result<(), WireError> {
     let b = &mut buf;
-    in_order!(b, |tag, wt, b| header_field(tag, wt, b, row);
+    decode_fields!(b, |tag, wt, b| header_field(tag, wt, b, row);
         1 VARINT, 2 LENGTH_DELIMITED, 3 VARINT, 4 VARINT);
-    while !b.is_empty() {
-        let (tag, wt) = key(b)?;
-        header_field(tag, wt, b, row)?;
-    }
     Ok(())
 }
 
@@ -1266,12 +1264,8 @@ fn header_field<'a>(
 
 fn decode_five_tuple<'a>(mut buf: &'a [u8], row: &mut Row<'a>) -> Result<(), WireError> {
     let b = &mut buf;
-    in_order!(b, |tag, wt, b| five_tuple_field(tag, wt, b, row);
+    decode_fields!(b, |tag, wt, b| five_tuple_field(tag, wt, b, row);
         1 LENGTH_DELIMITED, 2 LENGTH_DELIMITED, 3 VARINT, 4 VARINT, 5 VARINT);
-    while !b.is_empty() {
-        let (tag, wt) = key(b)?;
-        five_tuple_field(tag, wt, b, row)?;
-    }
     Ok(())
 }
 
@@ -1317,12 +1311,8 @@ fn decode_histogram(mut buf: &[u8], values: &mut Vec<u64>) -> Result<(), WireErr
 
 fn decode_rtp(mut buf: &[u8], rtp: &mut RtpStats) -> Result<(), WireError> {
     let b = &mut buf;
-    in_order!(b, |tag, wt, b| rtp_field(tag, wt, b, rtp);
+    decode_fields!(b, |tag, wt, b| rtp_field(tag, wt, b, rtp);
         1 VARINT, 2 VARINT, 3 VARINT, 4 VARINT, 5 VARINT, 6 VARINT, 7 VARINT, 8 VARINT, 9 VARINT, 10 VARINT);
-    while !b.is_empty() {
-        let (tag, wt) = key(b)?;
-        rtp_field(tag, wt, b, rtp)?;
-    }
     Ok(())
 }
 
