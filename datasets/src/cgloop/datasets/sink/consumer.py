@@ -10,12 +10,12 @@ How a batch travels:
    table and roll-up keeps recent tokens and drops a block it has already seen.
 4. Only then is the offset committed.
 
-Steps 2-3 run on the sink's writer threads (`writers`, each with its own store connection; a
-partition always goes to the same one, so its chunks are inserted in order), while the consumer
-thread goes on reading and cutting the next chunks, and commits (4) what the writers have
-stored: Kafka fetches, the Arrow codec (which releases the GIL) and inserts of other partitions
-overlap a store insert. At most `inflight_chunks` chunks wait for each writer; then the consumer
-thread waits too.
+Steps 2-3, and encoding the chunk (the Arrow codec, which releases the GIL), run on the sink's
+writer threads (`writers`, each with its own store connection; a partition always goes to the
+same one, so its chunks are inserted in order), while the consumer thread goes on reading and
+cutting the next chunks, and commits (4) what the writers have stored: Kafka fetches and the
+other writers' encoding and inserts overlap a store insert. At most `inflight_chunks` chunks
+wait for each writer; then the consumer thread waits too.
 
 A crash between 3 and 4 replays the partition from the last commit; on assignment the sink
 reads the plans past that commit and cuts the replayed messages at exactly the same offsets, so
@@ -25,7 +25,7 @@ cannot promise).
 
 Bad input: each message's type header and emptiness are checked on arrival; on the strict
 topics (all but flows and INT) every message is decoded and validated in Python first. If the
-Arrow codec (flows) or ClickHouse cannot decode a chunk, its messages are validated one by one;
+Arrow codec (flows, INT) or ClickHouse cannot decode a chunk, its messages are validated one by one;
 the undecodable go to the dead-letter topic with the reason, the rest are inserted.
 Back-pressure: the consumer thread stops polling while `inflight_chunks` chunks wait for the
 writer, and librdkafka's prefetch queue is capped, so a slow store slows consumption instead of
