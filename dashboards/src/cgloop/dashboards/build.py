@@ -274,8 +274,9 @@ def flow_detail() -> db.Dashboard:
         " WHERE NOT isNaN(q[1]) ORDER BY time"
     )
     latency_q = "quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(latency_ns)"
-    # Exact per-second states since migration 0011 (rtp_records counts their values; an empty
-    # one reads 0, so no values means NaN here); the t-digests of earlier rows otherwise.
+    # Jitter: the exact per-second states of migration 0011 where there are values (rtp_records
+    # counts them: an empty exact state reads 0, not NaN); otherwise the t-digests of seconds
+    # stored before it, NaN when those are empty too (no RTP: the point is dropped).
     jitter_q = (
         "if(sum(rtp_records) > 0, arrayMap(x -> toFloat64(x),"
         " quantilesExactIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_exact_ns)), arrayMap(x ->"
