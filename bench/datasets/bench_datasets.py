@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -179,6 +178,10 @@ def bench_ingest(
     from cgloop.datasets.records import KINDS
     from cgloop.datasets.sink.consumer import Sink, SinkConfig
     from cgloop.datasets.sink.writer import StoreWriter, store_writers
+    from cgloop.testing import cpu_seconds
+
+    def broker_cpu_now() -> float:
+        return cpu_seconds(broker_pid) if broker_pid else 0.0
 
     kind = KINDS["cgloop.flows.v1"]
     chunks = _store_chunks(_messages(rows, shape))
@@ -216,7 +219,7 @@ def bench_ingest(
         while received._value.get() == 0 and time.perf_counter() < deadline:
             time.sleep(0.001)
         start = time.perf_counter()
-        cpu_start, broker_start = time.process_time(), _cpu_seconds(broker_pid)
+        cpu_start, broker_start = time.process_time(), broker_cpu_now()
         count = 0
         while count < rows and time.perf_counter() < deadline:
             time.sleep(0.02)
@@ -225,7 +228,7 @@ def bench_ingest(
         # CPU time over the same window: every thread of this process (consumer, writers,
         # chDB's own, librdkafka's), and the broker's JVM.
         sink_cpu = time.process_time() - cpu_start
-        broker_cpu = _cpu_seconds(broker_pid) - broker_start
+        broker_cpu = broker_cpu_now() - broker_start
         stop.set()
         runner.join()
         stored = client.query("SELECT count() FROM cgloop.flow_records").result_rows[0][0]
@@ -244,15 +247,6 @@ def bench_ingest(
     print(f"RESULT sink_cpu_us {sink_cpu / max(count, 1) * 1e6}")
     print(f"RESULT settled_cpu_us {settled_cpu / max(count, 1) * 1e6}")
     print(f"RESULT broker_cpu_us {broker_cpu / max(count, 1) * 1e6}")
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of process `pid` so far (0 without one)."""
-    if not pid:
-        return 0.0
-    # /proc/PID/stat: fields 14 and 15 (utime, stime), counted after the ")" ending the name.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # The views that flow-record inserts feed, in the order the stage breakdown adds them.

@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 
 from cgloop.binaries import find_binary
+from cgloop.testing import CLK_TCK, cpu_seconds
 
 PID = os.getpid()
 NS_A, NS_B = f"cgl-probe-bench-{PID}-a", f"cgl-probe-bench-{PID}-b"
 IF_A, IF_B = f"cba{PID}"[:15], f"cbb{PID}"[:15]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data of the repo
 
 
@@ -246,11 +246,6 @@ def xdp_prog_id() -> int:
 def prog_stats(prog_id: int) -> tuple[int, int]:
     info = json.loads(sh("bpftool", "-j", "prog", "show", "id", str(prog_id)).stdout)
     return int(info.get("run_time_ns", 0)), int(info.get("run_cnt", 0))
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
 class Probe:

@@ -5,6 +5,7 @@ conftest from another); the root conftest.py builds its fixtures on these.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 
 #: The checkout the tests run from.
 ROOT = find_project_root(Path(__file__))
+
+
+# Clock ticks a second, the unit of /proc/PID/stat's CPU times.
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (benchmarks: another process's share)."""
+    # Fields 14 and 15 (utime, stime), counted after the ")" ending the command name, which may
+    # itself hold spaces and parentheses.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def free_port() -> int:
