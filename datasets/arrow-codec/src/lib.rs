@@ -147,6 +147,8 @@ pub struct Encoder<C> {
     columns: C,
     /// The stream's schema message, written once.
     schema_message: Option<Vec<u8>>,
+    /// The bytes a row takes in the fixed-width columns ([`fixed_row_bytes`]), found once.
+    row_bytes: Option<usize>,
 }
 
 /// Keeps `cgloop.flow_ingest`'s columns from call to call (see [`Encoder`]).
@@ -210,7 +212,10 @@ impl<C: Batch> Encoder<C> {
         if rows.saturating_mul(C::MAX_ROW_EXTRA) > MAX_TOTAL_BYTES {
             return Err(CodecError::TooManyRecords { records: rows });
         }
-        let columns = rows.saturating_mul(fixed_row_bytes(&Self::schema()));
+        let row_bytes = *self
+            .row_bytes
+            .get_or_insert_with(|| fixed_row_bytes(&batch_schema(&self.columns)));
+        let columns = rows.saturating_mul(row_bytes);
         let limit = total.saturating_mul(MAX_EXPANSION).max(MIN_COLUMN_LIMIT);
         if columns > limit {
             return Err(CodecError::Expands {
