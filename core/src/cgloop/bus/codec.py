@@ -1,12 +1,25 @@
-"""Encoding and strict decoding of topic messages.
+"""Encoding and strict decoding of topic messages: the one decoder every consumer uses.
 
-Protobuf parsing is lenient (random bytes often parse as *something*), so decoding checks more
-than the wire format: no unknown top-level fields, every record has a header with a schema
-version this build reads and a source id. Anything else is a DecodeError whose message says
-exactly what was wrong; consumers send such messages to the dead-letter topic.
+Protobuf parsing is lenient (random bytes often parse as *something*, and a batch of another
+type often parses as this one), so decoding checks more than the wire format:
+
+* the Kafka headers (`check_headers`): exactly one `cgloop-type` header naming the topic's
+  batch type and exactly one `cgloop-schema-version` header, a decimal integer this build
+  reads (1..SCHEMA_VERSION). Every cgloop producer (Python `BatchProducer`, the Rust probe,
+  INT collector and node agent) sets both, so a message without them is refused;
+* the payload: not empty, parses as the topic's batch type with no unknown field at any depth
+  (a batch of another type shows up as fields this type does not have);
+* every record: a header whose schema_version equals the message's schema-version header, and
+  a non-empty source_id.
+
+Anything else is a DecodeError whose message says exactly what was wrong; consumers send such
+messages to the dead-letter topic with that reason. The sink, the analytics worker and the
+policy engine all decide through this module, so they refuse the same messages.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from cgloop.bus.topics import Topic
 from cgloop.contracts import SCHEMA_VERSION
@@ -16,6 +29,8 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 TYPE_HEADER = "cgloop-type"
 SCHEMA_HEADER = "cgloop-schema-version"
+
+Headers = Sequence[tuple[str, bytes | str | None]]
 
 
 class DecodeError(ValueError):
@@ -34,8 +49,57 @@ def headers_for(message: Message) -> list[tuple[str, bytes]]:
     ]
 
 
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else value.decode(errors="replace")
+
+
+def _one(topic: Topic, headers: Headers, name: str) -> str:
+    values = [_text(v) for k, v in headers if k == name]
+    if not values:
+        raise DecodeError(
+            f"no {name} header: every message on {topic.name} must carry one "
+            "(cgloop's producers always set it)"
+        )
+    if len(values) > 1:
+        raise DecodeError(f"{len(values)} {name} headers ({values!r}); exactly one expected")
+    if not values[0]:
+        raise DecodeError(f"empty {name} header")
+    return values[0]
+
+
+def check_headers(topic: Topic, headers: Headers | None) -> int:
+    """Check a Kafka message's cgloop headers for `topic`; return its schema version.
+
+    Raises DecodeError when the type header is missing, repeated, empty or names another
+    batch type, or the schema-version header is missing, repeated, not a decimal integer or
+    outside 1..SCHEMA_VERSION. `headers` is what confluent-kafka's `Message.headers()` returns
+    (None for a message without headers, which is refused).
+    """
+    headers = headers or []
+    expected = topic.full_type_name
+    kind = _one(topic, headers, TYPE_HEADER)
+    if kind != expected:
+        raise DecodeError(
+            f"message type header says {kind!r}, topic {topic.name} carries {expected}"
+        )
+    raw = _one(topic, headers, SCHEMA_HEADER)
+    if not raw.isascii() or not raw.isdigit():
+        raise DecodeError(f"{SCHEMA_HEADER} header {raw!r} is not a decimal integer")
+    version = int(raw)
+    if not 1 <= version <= SCHEMA_VERSION:
+        raise DecodeError(
+            f"{SCHEMA_HEADER} header {version} not readable (this build reads 1..{SCHEMA_VERSION})"
+        )
+    return version
+
+
 def _records(batch: Message) -> list[Message]:
-    """The records a batch carries (each has a `header`), unwrapping oneof envelopes."""
+    """The records a batch carries (each has a `header`), unwrapping oneof envelopes.
+
+    An envelope with nothing set is returned as is (it has no `header`; `decode` refuses it).
+    """
     if "header" in batch.DESCRIPTOR.fields_by_name:
         return [batch]  # a single record, e.g. DeadLetter
     out: list[Message] = []
@@ -55,17 +119,22 @@ def _records(batch: Message) -> list[Message]:
     return out
 
 
-def decode(
-    topic: Topic, payload: bytes | None, headers: list[tuple[str, bytes]] | None = None
+def _drop_unknown_fields(message: Message) -> bool:
+    """Discard unknown fields at every depth; True if there were any. Done in the C
+    implementation (the encoded size shrinks when unknown fields go): a recursive walk in
+    Python would cost several times the parse on a large batch."""
+    size = message.ByteSize()
+    message.DiscardUnknownFields()
+    return message.ByteSize() != size
+
+
+def decode_payload(
+    topic: Topic, payload: bytes | None, schema_version: int | None = None
 ) -> Message:
-    """Parse and validate one message of `topic`; raise DecodeError naming the problem."""
+    """Parse and validate the payload of one message of `topic` (no Kafka headers: bytes read
+    from elsewhere, or after `check_headers`). With `schema_version`, every record's header
+    must carry exactly that version."""
     expected = topic.full_type_name
-    for name, value in headers or []:
-        if name == TYPE_HEADER and value and value.decode(errors="replace") != expected:
-            raise DecodeError(
-                f"message type header says {value.decode(errors='replace')!r}, "
-                f"topic {topic.name} carries {expected}"
-            )
     if not payload:
         raise DecodeError(
             f"empty payload: topic {topic.name} carries non-empty {expected} messages"
@@ -79,11 +148,18 @@ def decode(
     if len(unknown):
         numbers = sorted({f.field_number for f in unknown})
         raise DecodeError(f"not a {expected}: unknown top-level field numbers {numbers}")
+    if _drop_unknown_fields(message):
+        raise DecodeError(
+            f"not a {expected}: its records carry fields {expected} does not have "
+            "(another message type?)"
+        )
     records = _records(message)
     if not records:
         raise DecodeError(f"{expected} with no records")
     for i, record in enumerate(records):
         where = f"record {i} ({record.DESCRIPTOR.name})"
+        if "header" not in record.DESCRIPTOR.fields_by_name:
+            raise DecodeError(f"{where}: empty envelope, none of its records is set")
         if not record.HasField("header"):
             raise DecodeError(f"{where}: missing header")
         header = record.header
@@ -92,6 +168,19 @@ def decode(
                 f"{where}: schema_version {header.schema_version} not readable "
                 f"(this build reads 1..{SCHEMA_VERSION})"
             )
+        if schema_version is not None and header.schema_version != schema_version:
+            raise DecodeError(
+                f"{where}: schema_version {header.schema_version} disagrees with the "
+                f"{SCHEMA_HEADER} header {schema_version}"
+            )
         if not header.source_id:
             raise DecodeError(f"{where}: header has no source_id")
     return message
+
+
+def decode(topic: Topic, payload: bytes | None, headers: Headers | None = None) -> Message:
+    """Parse and validate one Kafka message of `topic` (headers and payload); raise
+    DecodeError naming the problem. Missing headers are refused: use `decode_payload` for
+    bytes that did not come from Kafka."""
+    version = check_headers(topic, headers)
+    return decode_payload(topic, payload, version)
