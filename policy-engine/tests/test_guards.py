@@ -9,7 +9,7 @@ from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
 BASE = {
     "id": "p",
     "match": {"kinds": ["slo_latency"]},
-    "action": {"operation": "set_class_rate", "parameters": {"class_id": 1, "rate_bps": 10}},
+    "action": {"operation": "set_class_rate", "parameters": {"class_id": 0x10010, "rate_bps": 10}},
     "guards": {"hold_time": 0},
 }
 

@@ -51,9 +51,8 @@ guards:
     joined = "\n".join(problems)
     assert "p.yaml:3: match.kinds.1: Input should be 'slo_latency'" in joined
     assert "p.yaml:4: match.min_confidence: Input should be less than or equal to 1" in joined
-    assert "p.yaml:6: action: Value error, operation set_class_rate needs parameters: rate_bps" in (
-        joined
-    )
+    assert "p.yaml:8: action.parameters.rate_bps: operation set_class_rate needs this" in joined
+    assert "p.yaml:9: action.parameters.colour: operation set_class_rate does not take" in joined
     assert "p.yaml:11: guards.hold_time: Value error, '5 parsecs' is not a duration" in joined
     assert "p.yaml:12: guards.frequency.limit: Input should be greater than or equal to 1" in joined
 
@@ -63,7 +62,112 @@ def test_unknown_fields_and_parameters_are_rejected() -> None:
     assert any("p.yaml:6: action.colour: Extra inputs are not permitted" in p for p in problems)
     assert any("p.yaml:7: guard: Extra inputs are not permitted" in p for p in problems)
     problems = errors(GOOD + "  parameters: {class_id: 3}\n")
-    assert "does not take parameters: class_id (it takes message)" in problems[0]
+    assert "does not take this parameter (it takes message)" in problems[0]
+
+
+POLICY = """\
+id: typed
+level: {level}
+match:
+  kinds: [slo_latency]
+action:
+  operation: {op}
+  parameters:
+{params}
+"""
+
+
+def policy(op: str, params: dict, level: str = "micro") -> str:
+    lines = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in params.items())
+    return POLICY.format(op=op, level=level, params=lines.rstrip("\n"))
+
+
+# Values the node agent (or the engine's own actuator) would refuse, each with the message it
+# must produce at validate time.
+BAD_PARAMETERS = [
+    ("reprioritise_flow", {"class_id": "abc"}, ".class_id: Input should be a valid integer"),
+    ("reprioritise_flow", {"class_id": True}, ".class_id: Input should be a valid integer"),
+    ("reprioritise_flow", {"class_id": 0x10010, "rewrite_dscp": 99}, ".rewrite_dscp: Input "
+     "should be less than or equal to 63"),
+    ("reprioritise_flow", {"class_id": 0x10010, "rewrite_dscp": "46"}, ".rewrite_dscp: Input "
+     "should be a valid integer"),
+    ("reprioritise_flow", {"class_id": 0x10000}, ".class_id: Value error, class_id 0x00010000 "
+     "needs a major and a non-zero minor"),
+    ("reprioritise_flow", {"class_id": 2**32}, ".class_id: Input should be less than or equal"),
+    ("set_class_rate", {"class_id": 0x10030, "rate_bps": -5}, ".rate_bps: Input should be "
+     "greater than or equal to 1"),
+    ("set_class_rate", {"class_id": 0x10030, "rate_bps": 5.5}, ".rate_bps: Input should be a "
+     "valid integer"),
+    ("set_class_rate", {"class_id": 0x10030, "rate_bps": 10, "ceil_bps": 5},
+     ": Value error, ceil_bps 5 is below rate_bps 10"),
+    ("set_power_policy", {"cores": [2], "min_frequency_khz": 800000, "max_frequency_khz": 0},
+     ".max_frequency_khz: Input should be greater than or equal to 1"),
+    ("set_power_policy", {"cores": [2], "min_frequency_khz": 9, "max_frequency_khz": 8},
+     ": Value error, min_frequency_khz 9 is above max_frequency_khz 8"),
+    ("set_power_policy", {"cores": [-1], "min_frequency_khz": 1, "max_frequency_khz": 2},
+     ".cores.0: Input should be greater than or equal to 0"),
+    ("set_power_policy", {"cores": [2], "min_frequency_khz": 1, "max_frequency_khz": 2,
+                          "xman_mode": "turbo"}, ".xman_mode: Input should be 'off'"),
+    ("set_power_policy", {"cores": [2], "min_frequency_khz": 1, "max_frequency_khz": 2,
+                          "latency_critical": [3]},
+     ": Value error, latency_critical cores [3] are not among"),
+    ("notify", {"message": 5}, ".message: Input should be a valid string"),
+]
+GLOBAL_BAD = [
+    ("set_chain", {"chain_id": "c", "traffic_class": "gaming", "functions": ["teleporter"]},
+     ".functions.0: Value error, 'teleporter' is not in the CALVIN table"),
+    ("set_chain", {"chain_id": "c", "traffic_class": "gaming", "functions": "nat"},
+     ".functions: Input should be a valid list"),
+    ("set_chain", {"chain_id": "c", "traffic_class": "gaming", "functions": ["nat:fast"]},
+     ".functions.0: String should match pattern"),
+    ("onos_flow_rule", {"priority": 70000}, ".priority: Input should be less than or equal to "
+     "65535"),
+    ("onos_queue", {"port": 1, "queue_id": -2}, ".queue_id: Input should be greater than or equal"),
+]
+
+
+@pytest.mark.parametrize(("op", "params", "message"), BAD_PARAMETERS)
+def test_parameter_values_are_type_and_range_checked(op: str, params: dict, message: str) -> None:
+    joined = "\n".join(errors(policy(op, params)))
+    assert f"action.parameters{message}" in joined, joined
+    if "Value error" not in message:  # checks across values (ceil >= rate) are beyond the schema
+        validator = jsonschema.Draft202012Validator(model.json_schema())
+        assert not validator.is_valid(yaml.safe_load(policy(op, params)))
+
+
+@pytest.mark.parametrize(("op", "params", "message"), GLOBAL_BAD)
+def test_global_parameter_values_are_checked(op: str, params: dict, message: str) -> None:
+    text = policy(op, params, level="global")
+    assert f"action.parameters{message}" in "\n".join(errors(text))
+    assert not jsonschema.Draft202012Validator(model.json_schema()).is_valid(yaml.safe_load(text))
+
+
+def test_a_bad_value_is_reported_on_its_own_line() -> None:
+    problems = errors(policy("reprioritise_flow", {"class_id": 0x10010, "rewrite_dscp": 99}))
+    assert problems == [
+        "p.yaml:9: action.parameters.rewrite_dscp: Input should be less than or equal to 63"
+    ]
+
+
+def test_good_parameters_of_every_operation_load() -> None:
+    good = {
+        "reprioritise_flow": ({"class_id": 0x10010, "rewrite_dscp": 46}, "micro"),
+        "set_class_rate": ({"class_id": 0x10030, "rate_bps": 5_000_000}, "micro"),
+        "set_power_policy": ({"cores": [2, 3], "min_frequency_khz": 800000,
+                              "max_frequency_khz": 2400000, "latency_critical": [2]}, "micro"),
+        "set_chain": ({"chain_id": "g", "traffic_class": "gaming",
+                       "functions": ["nat", "network_coding:7"], "base_rtt_us": 190}, "global"),
+        "onos_flow_rule": ({"priority": 40000, "queue_id": 1, "output_port": "CONTROLLER"},
+                           "global"),
+        "onos_queue": ({"port": 1, "queue_id": 2, "max_rate_bps": 10**8}, "global"),
+        "notify": ({"message": "hello"}, "micro"),
+    }
+    assert set(good) == {o.value for o in model.Operation}
+    validator = jsonschema.Draft202012Validator(model.json_schema())
+    for op, (params, level) in good.items():
+        (p,) = model.parse_policies(policy(op, params, level))
+        assert p.action.parameters == params
+        validator.validate(yaml.safe_load(policy(op, params, level)))
 
 
 def test_global_operations_need_the_global_level() -> None:

@@ -15,15 +15,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from cgloop.policy import parameters
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
@@ -211,48 +215,54 @@ class Target(Strict):
 class ActionSpec(Strict):
     operation: Operation
     target: Target = Field(default_factory=Target)
-    parameters: dict[str, str | int | float | bool | list[str | int]] = Field(default_factory=dict)
+    # Checked against the operation's model in `cgloop.policy.parameters` (types and ranges).
+    parameters: dict[str, str | int | float | bool | list[str | int]] = Field(
+        default_factory=dict, validate_default=True
+    )
     deadline: Duration = 0.5  # EXPIRED when not applied this long after the detection
     expect: Expect | None = None
     rollback_on: list[Verdict] = Field(default_factory=lambda: [Verdict.WORSE])
 
-    @model_validator(mode="after")
-    def _parameters_fit_operation(self) -> ActionSpec:
-        required = REQUIRED_PARAMETERS[self.operation]
-        missing = [p for p in required if p not in self.parameters]
-        if missing:
-            raise ValueError(
-                f"operation {self.operation.value} needs parameters: {', '.join(missing)}"
-            )
-        allowed = required | OPTIONAL_PARAMETERS[self.operation]
-        extra = sorted(set(self.parameters) - allowed)
-        if extra:
-            raise ValueError(
-                f"operation {self.operation.value} does not take parameters: {', '.join(extra)}"
-                f" (it takes {', '.join(sorted(allowed)) or 'none'})"
-            )
-        return self
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_fit_operation(cls, value: dict[str, Any], info: ValidationInfo) -> Any:
+        op = info.data.get("operation")
+        if op is None:
+            return value  # the operation itself is wrong: reported on its own field
+        typed = parameters.BY_OPERATION[op.value]
+        try:
+            typed.model_validate(value)
+        except ValidationError as exc:
+            # Re-raised with the parameter's own location (action.parameters.NAME), so the
+            # error names the line of the offending value; unknown and missing names say what
+            # the operation takes.
+            allowed = ", ".join(typed.model_fields) or "none"
+            errors: list[InitErrorDetails] = []
+            for e in exc.errors():
+                kind: str | PydanticCustomError = e["type"]
+                if kind == "extra_forbidden":
+                    kind = PydanticCustomError(
+                        "extra_forbidden",
+                        "operation {op} does not take this parameter (it takes {allowed})",
+                        {"op": op.value, "allowed": allowed},
+                    )
+                elif kind == "missing":
+                    kind = PydanticCustomError(
+                        "missing", "operation {op} needs this parameter", {"op": op.value}
+                    )
+                detail = InitErrorDetails(type=kind, loc=tuple(e["loc"]), input=e["input"])
+                if "ctx" in e and isinstance(kind, str):
+                    detail["ctx"] = e["ctx"]
+                errors.append(detail)
+            raise ValidationError.from_exception_data(cls.__name__, errors) from None
+        return value
 
 
-REQUIRED_PARAMETERS: dict[Operation, set[str]] = {
-    Operation.REPRIORITISE_FLOW: {"class_id"},
-    Operation.SET_CLASS_RATE: {"class_id", "rate_bps"},
-    Operation.SET_CHAIN: {"chain_id", "traffic_class", "functions"},
-    Operation.SET_POWER_POLICY: {"cores", "min_frequency_khz", "max_frequency_khz"},
-    Operation.ONOS_FLOW_RULE: {"priority"},
-    Operation.ONOS_QUEUE: {"port", "queue_id"},
-    Operation.NOTIFY: set(),
-}
-OPTIONAL_PARAMETERS: dict[Operation, set[str]] = {
-    Operation.REPRIORITISE_FLOW: {"rewrite_dscp"},
-    Operation.SET_CLASS_RATE: {"ceil_bps"},
-    # functions: names from the CALVIN table or name:processing_us; base_rtt_us for admission
-    Operation.SET_CHAIN: {"base_rtt_us", "free_cores"},
-    Operation.SET_POWER_POLICY: {"governor", "xman_mode", "latency_critical"},
-    Operation.ONOS_FLOW_RULE: {"queue_id", "output_port", "timeout_s", "app_id"},
-    Operation.ONOS_QUEUE: {"min_rate_bps", "max_rate_bps", "priority"},
-    Operation.NOTIFY: {"message"},
-}
+def parameter_names(op: Operation) -> tuple[set[str], set[str]]:
+    """(required, optional) parameter names of an operation."""
+    fields = parameters.BY_OPERATION[op.value].model_fields
+    required = {n for n, f in fields.items() if f.is_required()}
+    return required, set(fields) - required
 
 
 class Policy(Strict):
@@ -290,6 +300,19 @@ def json_schema() -> dict[str, Any]:
     schema = PolicyFile.model_json_schema()
     defs = schema.pop("$defs", {})
     defs["PolicyFile"] = schema
+    # Each operation's parameters, from the same models the loader validates with.
+    conditions = []
+    for op, typed in parameters.BY_OPERATION.items():
+        sub = typed.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(sub.pop("$defs", {}))
+        defs[typed.__name__] = sub
+        conditions.append(
+            {
+                "if": {"properties": {"operation": {"const": op}}, "required": ["operation"]},
+                "then": {"properties": {"parameters": {"$ref": f"#/$defs/{typed.__name__}"}}},
+            }
+        )
+    defs["ActionSpec"]["allOf"] = conditions
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://cgloop.dev/schemas/policy/v1.json",
@@ -364,6 +387,20 @@ def parse_policies(text: str, source: str = "<string>") -> list[Policy]:
         raise PolicyError(problems) from None
 
 
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PolicyError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PolicyError(
+            [f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})"]
+        ) from None
+
+
 def load_policies(paths: Iterable[Path]) -> list[Policy]:
     """Load files and directories (*.yaml, *.yml); ids must be unique across the set."""
     files: list[Path] = []
@@ -379,7 +416,7 @@ def load_policies(paths: Iterable[Path]) -> list[Policy]:
     seen: dict[str, str] = {}
     for f in files:
         try:
-            loaded = parse_policies(f.read_text(), str(f))
+            loaded = parse_policies(_read_text(f), str(f))
         except PolicyError as exc:
             problems += exc.problems
             continue
