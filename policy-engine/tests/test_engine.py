@@ -196,11 +196,12 @@ def test_restart_mid_action_neither_loses_nor_repeats_it(
     engine.journal.close()
     node.close()  # the engine dies before verifying; Kafka will redeliver the detection
     restarted, _ = make_engine(agent, [policy()], clock, store, journal)
-    assert restarted.drain() == []  # nothing re-applied on start
+    # Nothing re-applied on start; the events nobody confirmed on the bus (no publisher here)
+    # are announced again, unchanged.
+    assert restarted.drain() == events
     redelivered = restarted.handle(dpb.DetectionBatch(records=[det]))
     assert restarted.stats.skipped_known == 1
-    # Announced again, unchanged (the crash may have come before they reached the bus).
-    assert redelivered == events
+    assert redelivered == []  # already announced at the start: not twice
     assert [c for c in agent.agent.calls if c[0] == "SetFlowClass"] == [("SetFlowClass", action_id)]
     # ... and it is still verified after the restart.
     store.ingest_probes(probes(applied_ns, applied_ns + 2_000 * MS, rtt_ns=10 * MS))
@@ -237,8 +238,9 @@ def test_crash_between_apply_and_journal_replays_not_repeats(
     assert agent.agent.changes == 1
     restarted, _ = make_engine(agent, [policy()], clock, None, journal)
     events = restarted.drain()
-    assert states(events) == ["APPLIED", "VERIFIED"]
-    assert "replayed" in events[0].result.message
+    # The proposal never reached the bus before the crash: announced first, then the results.
+    assert states(events) == ["action:PROPOSED", "APPLIED", "VERIFIED"]
+    assert "replayed" in events[1].result.message
     assert agent.agent.changes == 1  # the agent saw the same action id and did not redo it
 
 

@@ -186,6 +186,11 @@ class Engine:
         del self._outbox[:n]
         return out
 
+    def delivered(self, events: list[apb.ActionEvent]) -> None:
+        """The publisher's word that these events are on the bus (acknowledged by Kafka):
+        the journal stops counting them as owed to it after a restart."""
+        self.journal.delivered(events)
+
     @property
     def undrained(self) -> int:
         """Events decided but not yet announced (their journal rows are not durable yet)."""
@@ -397,15 +402,10 @@ class Engine:
         else:
             refusal = None
         action.id = str(uuid.uuid5(ID_NAMESPACE, f"{p.id}|{det.id}|{tkey}"))
-        known = self.journal.get(action.id)
-        if known is not None:
-            self.stats.skipped_known += 1  # decided before a restart: never twice
-            # Its offset was not committed, so its events may not have reached the bus before
-            # the restart: announce them again, unchanged (same header sequence, so the store
-            # counts them once).
-            self._outbox.append((self.journal.seq, apb.ActionEvent(action=known.action)))
-            if known.result is not None:
-                self._outbox.append((self.journal.seq, apb.ActionEvent(result=known.result)))
+        if self.journal.get(action.id) is not None:
+            # Decided before a restart: never twice. Its events, if they had not reached the
+            # bus, were republished when the engine started (Journal.undelivered_events).
+            self.stats.skipped_known += 1
             return
         proposal = Proposal(
             action.id,
@@ -677,6 +677,10 @@ class Engine:
                 )
             if entry.state in FINAL and entry.result is not None:
                 self.guards.finished(entry.target_key, action_id, entry.result.header.timestamp_ns)
+        # Events journaled but never acknowledged by Kafka before the previous run ended (a
+        # crash between the journal's commit and the producer's flush): announced first, in
+        # their order, before anything this run adds to the same actions.
+        self._outbox.extend((0, ev) for ev in self.journal.undelivered_events())
         for entry in list(self.journal.open_entries()):
             if entry.awaiting_approval:
                 continue

@@ -12,6 +12,15 @@ Compaction: the file keeps every state change of every action; once it holds mor
 it with the latest row of each action, in the order the actions were first decided (temporary
 file, fsync, rename, fsync of the directory), so a restart reads the same entries.
 
+Delivery: the service tells the journal which events Kafka acknowledged (`delivered`, after
+its producer's flush); the journal appends a small `{"delivered": {action id: sequence}}` row
+(group-committed with the decisions, never waited for) and compaction folds the marks into
+each action's row. A restarted engine republishes, for every action whose latest event is not
+known delivered, its action and its latest result (`undelivered_events`): an action whose
+result was journaled but never reached the bus before a crash reaches it after the restart.
+Republished events are unchanged (same header sequence), so the store keeps one row of each;
+a mark lost in the crash only costs a duplicate on the bus, never a missing event.
+
 A restarted engine replays the journal to know which actions exist and where each one stands,
 so a detection delivered again after the restart (Kafka is at least once) maps to an action
 id it already knows and is not acted on twice, and an action applied before the crash is still
@@ -48,10 +57,19 @@ class Entry:
     result: apb.ActionResult | None
     target_key: str
     awaiting_approval: bool = False
+    # Highest header sequence of this action's events known to be on the bus (0: none).
+    delivered: int = 0
 
     @property
     def state(self) -> int:
         return self.result.state if self.result is not None else self.action.state
+
+
+def event_sequence(event: apb.ActionEvent) -> tuple[str, int]:
+    """(action id, header sequence) of an action event: what a delivery mark names."""
+    if event.WhichOneof("event") == "action":
+        return event.action.id, event.action.header.sequence
+    return event.result.action_id, event.result.header.sequence
 
 
 def _b64(msg: object) -> str:
@@ -63,7 +81,9 @@ class JournalError(RuntimeError):
 
 
 class Journal:
-    """JSON lines: {"action": b64 Action, "result": b64 ActionResult|null, "target": key}."""
+    """JSON lines: {"action": b64 Action, "result": b64 ActionResult|null, "target": key,
+    "approval": bool, "delivered": sequence (after compaction)}, and delivery marks
+    {"delivered": {action id: sequence}}."""
 
     def __init__(
         self,
@@ -86,6 +106,7 @@ class Journal:
         self._cond = threading.Condition()
         self._queued: list[str] = []
         self._latest: dict[str, str] = {}  # action id -> its latest row (compaction)
+        self._delivered: dict[str, int] = {}  # action id -> delivery mark (compaction)
         self._seq = 0
         self._durable = 0
         self._rows_in_file = 0
@@ -96,27 +117,40 @@ class Journal:
         self.compactions = 0
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            for row, entry in self._read_rows(path):
-                self._remember(entry)
-                self._latest[entry.action.id] = row
+            for row, item in self._read_rows(path):
                 self._rows_in_file += 1
+                if isinstance(item, dict):
+                    self._delivered.update(self._mark(item))
+                    continue
+                self._remember(item)
+                self._latest[item.action.id] = row
+                if item.delivered:
+                    self._delivered[item.action.id] = item.delivered
             self._fh = path.open("a", encoding="utf-8")
             self._writer = threading.Thread(target=self._write_loop, name="journal", daemon=True)
             self._writer.start()
 
     @staticmethod
     def _read(path: Path) -> Iterator[Entry]:
-        for _, entry in Journal._read_rows(path):
-            yield entry
+        for _, item in Journal._read_rows(path):
+            if isinstance(item, Entry):
+                yield item
 
     @staticmethod
-    def _read_rows(path: Path) -> Iterator[tuple[str, Entry]]:
+    def _read_rows(path: Path) -> Iterator[tuple[str, Entry | dict[str, int]]]:
+        """Each row as an Entry (a state change) or a dict (a delivery mark)."""
         if not path.exists():
             return
         with path.open(encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
                 try:
                     row = json.loads(line)
+                    if "action" not in row and isinstance(row.get("delivered"), dict):
+                        yield (
+                            line.rstrip("\n"),
+                            {str(k): int(v) for k, v in row["delivered"].items()},
+                        )
+                        continue
                     action = apb.Action.FromString(base64.b64decode(row["action"]))
                     result = (
                         apb.ActionResult.FromString(base64.b64decode(row["result"]))
@@ -125,15 +159,24 @@ class Journal:
                     )
                     yield (
                         line.rstrip("\n"),
-                        Entry(action, result, row["target"], bool(row.get("approval"))),
+                        Entry(
+                            action,
+                            result,
+                            row["target"],
+                            bool(row.get("approval")),
+                            int(row.get("delivered") or 0),
+                        ),
                     )
-                except (ValueError, KeyError) as exc:
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     # A torn last line after a crash: everything before it is intact.
                     log.warning("journal %s line %d unreadable (%s); skipped", path, n, exc)
 
     def _remember(self, entry: Entry) -> None:
-        if entry.action.id not in self.entries:
+        prev = self.entries.get(entry.action.id)
+        if prev is None:
             self.order.append(entry.action.id)
+        elif prev.delivered > entry.delivered:
+            entry.delivered = prev.delivered
         self.entries[entry.action.id] = entry
         if entry.state in FINAL:
             self._open.pop(entry.action.id, None)
@@ -156,6 +199,47 @@ class Journal:
             self._latest[entry.action.id] = line
             self._seq += 1
             self._cond.notify_all()
+
+    def _mark(self, marks: dict[str, int]) -> dict[str, int]:
+        """Apply delivery marks to the entries; returns the ones that moved."""
+        moved = {}
+        for action_id, sequence in marks.items():
+            entry = self.entries.get(action_id)
+            if entry is not None and sequence > entry.delivered:
+                entry.delivered = sequence
+                moved[action_id] = sequence
+        return moved
+
+    def delivered(self, events: list[apb.ActionEvent]) -> None:
+        """Note that these events are on the bus (Kafka acknowledged them). Not waited for:
+        the mark rides on the next group commit; lost in a crash, it only makes the restarted
+        engine republish these events once more."""
+        marks: dict[str, int] = {}
+        for ev in events:
+            action_id, sequence = event_sequence(ev)
+            marks[action_id] = max(sequence, marks.get(action_id, 0))
+        moved = self._mark(marks)
+        if not moved or self._fh is None:
+            return
+        with self._cond:
+            self._delivered.update(moved)
+            self._queued.append(json.dumps({"delivered": moved}))
+            self._seq += 1
+            self._cond.notify_all()
+
+    def undelivered_events(self) -> list[apb.ActionEvent]:
+        """What a restarted engine republishes: for every action whose latest event is not
+        known delivered, the action (unless delivered) and its latest result, in decision
+        order. Intermediate results are not kept (compaction) and not needed: the latest
+        result carries the apply's fields forward."""
+        out = []
+        for action_id in self.order:
+            entry = self.entries[action_id]
+            if entry.action.header.sequence > entry.delivered:
+                out.append(apb.ActionEvent(action=entry.action))
+            if entry.result is not None and entry.result.header.sequence > entry.delivered:
+                out.append(apb.ActionEvent(result=entry.result))
+        return out
 
     @property
     def seq(self) -> int:
@@ -204,7 +288,11 @@ class Journal:
                 compact = self._rows_in_file + len(rows) > max(
                     self.compact_min_rows, self.compact_factor * len(self._latest)
                 )
-                latest = list(self._latest.values()) if compact else []
+                latest = (
+                    [(row, self._delivered.get(i, 0)) for i, row in self._latest.items()]
+                    if compact
+                    else []
+                )
             try:
                 if compact:
                     self._rewrite(latest)
@@ -232,12 +320,21 @@ class Journal:
                 self.commits += 1
                 self._cond.notify_all()
 
-    def _rewrite(self, rows: list[str]) -> None:
-        """Compaction: the latest row of each action, replacing the file atomically."""
+    @staticmethod
+    def _with_mark(row: str, delivered: int) -> str:
+        if not delivered:
+            return row
+        data = json.loads(row)
+        data["delivered"] = delivered
+        return json.dumps(data)
+
+    def _rewrite(self, rows: list[tuple[str, int]]) -> None:
+        """Compaction: the latest row of each action (with its delivery mark), replacing the
+        file atomically."""
         assert self.path is not None and self._fh is not None
         tmp = self.path.with_suffix(self.path.suffix + ".compact")
         with tmp.open("w", encoding="utf-8") as fh:
-            fh.write("".join(r + "\n" for r in rows))
+            fh.write("".join(self._with_mark(r, d) + "\n" for r, d in rows))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)

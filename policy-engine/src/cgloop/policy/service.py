@@ -3,7 +3,14 @@
 Order per detection batch: decide and act (journaled), publish the resulting events once their
 journal rows are durable, flush, then commit the batch's offset. A crash anywhere before the
 commit redelivers the batch; the journal makes the redelivery a no-op for actions already
-decided.
+decided. Events decided later (results of asynchronous applies, verifications, rollbacks)
+follow no detection offset: the journal tracks which events Kafka acknowledged, and a
+restarted engine republishes every journaled event that was not (Journal.undelivered_events),
+so a crash between the journal's commit and the producer's flush loses none of them.
+
+Detections come through the bus's strict decoder (`BatchConsumer` -> `codec.decode`): a
+message without the right type and schema-version headers, of another batch type, or with a
+record the decoder refuses goes to the dead-letter topic with the reason and decides nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +31,17 @@ DETECTIONS = "cgloop.detections.v1"
 ACTIONS = "cgloop.actions.v1"
 
 
-def publish(producer: BatchProducer, events: list[apb.ActionEvent]) -> None:
+def publish(
+    producer: BatchProducer, events: list[apb.ActionEvent], engine: Engine | None = None
+) -> None:
+    """Send the events and wait for Kafka's acknowledgement; then tell the engine's journal
+    they are delivered. Raises RuntimeError when a delivery failed (nothing is marked)."""
     for key, batch in events_by_key(events).items():
         producer.send(ACTIONS, batch, key=key)
     if events:
         producer.flush()
+        if engine is not None:
+            engine.delivered(events)
 
 
 def process_approvals(engine: Engine, folder: Path) -> None:
@@ -60,9 +73,11 @@ def run(
     thread group-commits the rows, applies run in the engine's pool when it has
     `apply_async`), publishes the events whose rows are already durable, and commits the
     offsets of every earlier round whose rows are durable and whose events are published.
-    So an offset is never committed before the decisions it caused are on disk and on the
-    bus, and a crash redelivers only batches the journal may not know (it skips the ones it
-    does); a decision taken but not yet applied is re-applied by the journal's resume.
+    So an offset is never committed before the decisions it caused are on disk and (but for
+    a failed delivery, which the journal still owes the bus) on the bus, and a crash
+    redelivers only batches the journal may not know (it skips the ones it does); a decision
+    taken but not yet applied is re-applied by the journal's resume, and an event never
+    acknowledged by Kafka is republished.
     """
     consumer = BatchConsumer(bootstrap, group_id, [DETECTIONS], source_id=engine.source_id)
     producer = BatchProducer(bootstrap, client_id=engine.source_id)
@@ -79,8 +94,26 @@ def run(
             # it lands redelivers batches the journal already knows.
             consumer.commit(msg, asynchronous=asynchronous)  # type: ignore[arg-type]
 
+    # Events whose delivery failed (broker unreachable past the producer's timeouts): sent
+    # again with the next round, ahead of newer ones. The journal still counts them as owed,
+    # so even a crash meanwhile does not lose them.
+    unsent: list[apb.ActionEvent] = []
+
+    def announce(events: list[apb.ActionEvent]) -> None:
+        nonlocal unsent
+        events = unsent + events
+        try:
+            publish(producer, events, engine)
+        except RuntimeError as exc:
+            log.error("publishing %d action events failed (retried): %s", len(events), exc)
+            unsent = events
+        else:
+            unsent = []
+
     try:
-        publish(producer, engine.drain())  # whatever resuming from the journal produced
+        # Whatever resuming from the journal produced, starting with the events of the
+        # previous run that Kafka never acknowledged.
+        announce(engine.drain())
         while not stop.is_set():
             # Take what is waiting (up to max_messages): one decision round, one flush.
             last: dict[int, object] = {}
@@ -103,10 +136,10 @@ def run(
                 process_approvals(engine, approvals)
             # Every row up to `durable` was durable before handle() and this drain, so once
             # they are published and flushed every event up to it is on the bus.
-            publish(producer, events + engine.drain(wait=False))
+            announce(events + engine.drain(wait=False))
             commit(durable)
         engine.finish_applies()
-        publish(producer, engine.drain())
+        announce(engine.drain())
         commit(engine.journal.durable_seq, asynchronous=False)
     finally:
         consumer.close()
