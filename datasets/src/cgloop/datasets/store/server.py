@@ -6,13 +6,16 @@ interface that clients use (`/ping`, `query`/`database`/`default_format`/`param_
 `X-ClickHouse-*` headers, `Code: N. DB::Exception` errors), so `clickhouse-connect`, `curl`
 and `cgloop query` work against it exactly as against a ClickHouse server.
 
-Queries from HTTP run on a `readonly=2` connection: reads and setting changes only, never
-writes or DDL, whatever the SQL says.
+Each HTTP query runs on its own reader connection (its own session: no `SET`, `USE` or
+temporary table outlives it, and no query waits for another's), opened with the limits of
+`limits.QueryLimits` and then `readonly=1`, which refuses writes, DDL, setting changes and the
+table functions that reach outside; `guard` refuses what chDB lets through `readonly=1`
+(several statements, SYSTEM/KILL/…, INTO OUTFILE, file()). The writer client, for migrations
+and the sink, stays unrestricted. docs/datasets.md has the whole security model.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import re
@@ -26,16 +29,17 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import chdb
 import clickhouse_connect
+from cgloop.datasets.store import guard
+from cgloop.datasets.store.limits import BodyTooLarge, QueryLimits, inflate
 from cgloop.datasets.store.migrations import migrate
 from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
 
-MAX_QUERY_BYTES = 1 << 20
 # Content types ClickHouse sends for common formats (others are sent as octet-stream).
 _CONTENT_TYPES = {
     "TabSeparated": "text/tab-separated-values; charset=UTF-8",
@@ -56,6 +60,8 @@ _STATUS_BY_CODE = {
     60: HTTPStatus.NOT_FOUND,  # UNKNOWN_TABLE
     81: HTTPStatus.NOT_FOUND,  # UNKNOWN_DATABASE
     164: HTTPStatus.FORBIDDEN,  # READONLY
+    202: HTTPStatus.SERVICE_UNAVAILABLE,  # TOO_MANY_SIMULTANEOUS_QUERIES
+    497: HTTPStatus.FORBIDDEN,  # ACCESS_DENIED
     456: HTTPStatus.BAD_REQUEST,  # UNKNOWN_QUERY_PARAMETER
 }
 _CODE = re.compile(r"Code: (\d+)\.")
@@ -95,17 +101,21 @@ class QueryFailed(Exception):
 
 
 class Store:
-    """The chDB data folder, opened once: a writer client and a read-only query connection."""
+    """The chDB data folder, opened once: a writer client, and a reader connection per query."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: QueryLimits | None = None) -> None:
         self.path = path.resolve()
         self.path.mkdir(parents=True, exist_ok=True)
+        self.limits = limits or QueryLimits()
         # Writer: the same client library that talks to a ClickHouse server in deployment.
         self.client: Client = clickhouse_connect.get_client(dsn=f"chdb://{self.path}")
-        self._reader = chdb.connect(f"{self.path}?readonly=2")
-        # One engine per process; queries from HTTP threads take turns on the reader.
-        self._lock = threading.Lock()
-        self.timezone = self._reader.query("SELECT timezone()", "TSV").bytes().decode().strip()
+        # A reader's connection string: the folder and its session settings, readonly=1 last.
+        self._reader_dsn = f"{self.path}?{urlencode(self.limits.reader_settings())}"
+        # Any number of connections to the open folder coexist and run queries in parallel;
+        # the bound only keeps a flood of queries from taking all memory and threads.
+        self._slots = threading.BoundedSemaphore(self.limits.max_concurrent_queries)
+        self._closed = False
+        self.timezone = self.read("SELECT timezone()", "TSVRaw").body.decode().strip()
 
     def migrate(self, directory: Path | None = None) -> list[str]:
         return migrate(self.client, directory)
@@ -113,22 +123,43 @@ class Store:
     def read(
         self, sql: str, fmt: str, database: str | None = None, params: dict[str, str] | None = None
     ) -> QueryOutput:
-        with self._lock:
+        """Run one read-only statement in a session of its own; raise QueryFailed."""
+        if not self._slots.acquire(blocking=False):
+            raise QueryFailed(
+                202,
+                f"Code: 202. DB::Exception: Too many simultaneous queries. Maximum: "
+                f"{self.limits.max_concurrent_queries}. (TOO_MANY_SIMULTANEOUS_QUERIES)",
+            )
+        try:
+            if self._closed:
+                raise QueryFailed(1000, "the store is closing")
+            reader = chdb.connect(self._reader_dsn)
             try:
-                self._reader.query(f"USE `{(database or 'default').replace('`', '')}`")
+                guard.check(reader, sql, params)
+                reader.query(f"USE `{(database or 'default').replace('`', '``')}`")
                 start = time.perf_counter()
-                result = self._reader.query(sql, fmt, params=params or None)
+                result = reader.query(sql, fmt, params=params or None)
                 elapsed = time.perf_counter() - start
-            except Exception as exc:  # chDB raises its own error type with ClickHouse's text
-                text = str(exc)
-                match = _CODE.search(text)
-                raise QueryFailed(int(match.group(1)) if match else 1000, text) from None
-        return QueryOutput(result.bytes(), result.rows_read(), result.bytes_read(), elapsed)
+                return QueryOutput(result.bytes(), result.rows_read(), result.bytes_read(), elapsed)
+            finally:
+                reader.close()
+        except guard.Refused as exc:
+            name = "READONLY" if exc.code == guard.READONLY else "ACCESS_DENIED"
+            raise QueryFailed(
+                exc.code, f"Code: {exc.code}. DB::Exception: {exc}. ({name})"
+            ) from None
+        except QueryFailed:
+            raise
+        except Exception as exc:  # chDB raises its own error type with ClickHouse's text
+            text = str(exc)
+            match = _CODE.search(text)
+            raise QueryFailed(int(match.group(1)) if match else 1000, text) from None
+        finally:
+            self._slots.release()
 
     def close(self) -> None:
-        with self._lock:
-            self.client.close()
-            self._reader.close()
+        self._closed = True
+        self.client.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -161,32 +192,29 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle(b"")
 
     def do_POST(self) -> None:
+        limit = self.server.store.limits.max_body_bytes
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             return self._error(HTTPStatus.BAD_REQUEST, 1000, "Content-Length is not a number")
-        if length > MAX_QUERY_BYTES:
+        if length > limit:
             self.close_connection = True
             return self._error(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 1000,
-                f"query body of {length} bytes exceeds {MAX_QUERY_BYTES}",
+                f"query body of {length} bytes exceeds {limit}",
             )
         body = self.rfile.read(length)
         encoding = (self.headers.get("Content-Encoding") or "").lower()
         try:
-            if encoding == "gzip":
-                body = gzip.decompress(body)
-            elif encoding == "deflate":
-                body = zlib.decompress(body)
-            elif encoding not in ("", "identity"):
-                return self._error(
-                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                    1000,
-                    f"Content-Encoding {encoding!r} is not supported (gzip, deflate)",
-                )
-        except (OSError, zlib.error) as exc:
+            # The limit holds for the decompressed body, enforced while inflating.
+            body = inflate(body, encoding, limit)
+        except BodyTooLarge as exc:
+            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, 1000, str(exc))
+        except zlib.error as exc:
             return self._error(HTTPStatus.BAD_REQUEST, 1000, f"cannot decompress body: {exc}")
+        except ValueError as exc:
+            return self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, 1000, str(exc))
         self._handle(body)
 
     def _handle(self, body: bytes) -> None:
