@@ -119,7 +119,32 @@ REFUSALS = [
     (lambda m, d: m.update(surprise=1), "surprise: Extra inputs are not permitted"),
     (lambda m, d: (d / "actions.parquet").write_bytes(b"x"), "does not match the manifest"),
     (lambda m, d: m["tables"]["actions"]["columns"].pop(), "columns differ"),
+    # Confinement: a good file outside the bundle folder is refused however it is reached.
+    (
+        lambda m, d: m["tables"]["actions"].update(file=_outside(d, "../outside.parquet")),
+        "tables.actions.file: Value error, '../outside.parquet' is not a path inside the "
+        "bundle folder (it climbs out with ..)",
+    ),
+    (
+        lambda m, d: m["tables"]["actions"].update(file=_outside(d, str(d.parent / "o.parquet"))),
+        "is not a path inside the bundle folder (absolute)",
+    ),
+    (
+        lambda m, d: m["tables"]["actions"].update(file=_outside(d, "link.parquet", link=True)),
+        "tables.actions.file 'link.parquet' resolves to",
+    ),
 ]
+
+
+def _outside(bundle: Path, name: str, link: bool = False) -> str:
+    """A verbatim copy of the bundle's actions file outside the bundle, reached by `name`."""
+    outside = bundle.parent / "outside.parquet"
+    shutil.copy(bundle / "actions.parquet", outside)
+    if link:
+        (bundle / name).symlink_to(outside)
+    elif Path(name).is_absolute():
+        shutil.copy(outside, name)
+    return name
 
 
 def _damaged(tmp_path: Path, damage) -> Path:

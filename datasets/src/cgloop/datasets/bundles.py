@@ -12,15 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Literal
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Annotated, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from cgloop.datasets.records import DATABASE
 from cgloop.datasets.store.minutes import close_minutes
 from clickhouse_connect.driver.client import Client
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
 FORMAT = "cgloop-dataset"
@@ -68,8 +68,20 @@ class Scenario(_Strict):
     notes: str = ""
 
 
+def _inside_bundle(name: str) -> str:
+    # A bundle is a folder someone else made: its files name paths inside it, nothing else.
+    path = PurePosixPath(name.replace("\\", "/"))
+    if not name:
+        raise ValueError("empty file name")
+    if path.is_absolute() or PureWindowsPath(name).drive:
+        raise ValueError(f"{name!r} is not a path inside the bundle folder (absolute)")
+    if ".." in path.parts:
+        raise ValueError(f"{name!r} is not a path inside the bundle folder (it climbs out with ..)")
+    return name
+
+
 class TableFile(_Strict):
-    file: str
+    file: Annotated[str, AfterValidator(_inside_bundle)]
     rows: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     columns: list[tuple[str, str]]
@@ -161,6 +173,19 @@ def export(
     return manifest
 
 
+def table_path(bundle: Path, table: str, entry: TableFile) -> Path:
+    """The file of a manifest entry, refused when it resolves (symlinks included) outside the
+    bundle folder."""
+    path = bundle / entry.file
+    root = bundle.resolve()
+    if not path.resolve().is_relative_to(root):
+        raise BundleError(
+            f"{bundle}: tables.{table}.file {entry.file!r} resolves to {path.resolve()}, outside "
+            "the bundle folder"
+        )
+    return path
+
+
 def read_manifest(bundle: Path) -> Manifest:
     path = bundle / MANIFEST
     if not path.is_file():
@@ -177,12 +202,15 @@ def read_manifest(bundle: Path) -> Manifest:
             f"(this build reads {FORMAT_VERSION})"
         )
     try:
-        return Manifest.model_validate(raw)
+        manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
         raise BundleError(f"{path}: invalid manifest: {problems}") from None
+    for table, entry in manifest.tables.items():
+        table_path(bundle, table, entry)  # before anything reads a file or asks the store
+    return manifest
 
 
 def verify(bundle: Path, manifest: Manifest, client: Client) -> None:
@@ -195,7 +223,7 @@ def verify(bundle: Path, manifest: Manifest, client: Client) -> None:
             f"{store_version}: migrate the store first (`cgloop store migrate`)"
         )
     for table, entry in manifest.tables.items():
-        path = bundle / entry.file
+        path = table_path(bundle, table, entry)
         if not path.is_file():
             raise BundleError(f"{bundle}: {table}: file {entry.file} is missing")
         digest = _sha256(path)
@@ -230,7 +258,7 @@ def import_bundle(client: Client, bundle: Path) -> dict[str, int]:
     verify(bundle, manifest, client)
     written: dict[str, int] = {}
     for table, entry in manifest.tables.items():
-        data: pa.Table = pq.read_table(bundle / entry.file)
+        data: pa.Table = pq.read_table(table_path(bundle, table, entry))
         client.insert_arrow(
             f"{DATABASE}.{table}",
             data,
