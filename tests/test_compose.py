@@ -267,6 +267,30 @@ def test_loop_services_share_the_image_and_find_the_bus(project: Project) -> Non
     assert len(images) == 1, f"the loop's services use one image, not {images}"
 
 
+def test_published_ports_bind_to_loopback_by_default(project: Project) -> None:
+    """Nothing is reachable from other machines unless an operator opens it (*_BIND)."""
+    published = [
+        (name, port)
+        for name, svc in project["services"].items()
+        for port in svc.get("ports") or []
+    ]
+    assert published
+    wide = [f"{name}: {port}" for name, port in published if port.get("host_ip") != "127.0.0.1"]
+    assert not wide, "published on every interface:\n" + "\n".join(wide)
+
+
+def test_loop_services_take_the_kafka_security_settings(project: Project) -> None:
+    for name in LOOP:
+        env = service(project, name).get("environment") or {}
+        for var in (
+            "CGLOOP_KAFKA_SECURITY_PROTOCOL",
+            "CGLOOP_KAFKA_SASL_USERNAME",
+            "CGLOOP_KAFKA_SASL_PASSWORD_FILE",
+            "CGLOOP_KAFKA_SSL_CA_LOCATION",
+        ):
+            assert var in env, f"{name} does not pass {var} through"
+
+
 def test_datapath_services_can_load_bpf(project: Project) -> None:
     for name in HOST_NETWORK:
         svc = service(project, name)
