@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from cgloop.bus.codec import DecodeError, decode, encode, headers_for
 from cgloop.bus.topics import DEADLETTER, TOPICS, Topic, topic
+from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
@@ -28,11 +29,21 @@ log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("cgloop.bus.librdkafka")
 
 
+def client_config(bootstrap: str, config: dict | None = None) -> dict:
+    """librdkafka properties for a cgloop client of `bootstrap`: its security settings
+    (CGLOOP_KAFKA_SECURITY_PROTOCOL and friends, or the embedded broker's credentials) unless
+    `config` gives them, then `config`. Every producer, consumer and admin client starts here."""
+    return {"logger": librdkafka_log, **kafka_client_config(bootstrap), **(config or {})}
+
+
 def ensure_topics(
-    bootstrap: str, topics: Iterable[Topic] = TOPICS.values(), timeout_s: float = 30
+    bootstrap: str,
+    topics: Iterable[Topic] = TOPICS.values(),
+    timeout_s: float = 30,
+    config: dict | None = None,
 ) -> list[str]:
     """Create the missing topics with their partitions and retention; return the created names."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": librdkafka_log})
+    admin = AdminClient(client_config(bootstrap, config))
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [t for t in topics if t.name not in existing]
     if not wanted:
@@ -60,15 +71,16 @@ class BatchProducer:
 
     def __init__(self, bootstrap: str, client_id: str = "cgloop", **config: str | int) -> None:
         self._producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "client.id": client_id,
-                "enable.idempotence": True,  # no duplicates from producer retries
-                "linger.ms": 5,
-                "compression.type": "lz4",
-                "logger": librdkafka_log,
-                **config,
-            }
+            client_config(
+                bootstrap,
+                {
+                    "client.id": client_id,
+                    "enable.idempotence": True,  # no duplicates from producer retries
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                    **config,
+                },
+            )
         )
         self.delivery_errors: list[str] = []
 
@@ -137,17 +149,22 @@ class BatchConsumer:
         self.group_id = group_id
         self.source_id = source_id or f"consumer/{group_id}"
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "logger": librdkafka_log,
-                **config,
-            }
+            client_config(
+                bootstrap,
+                {
+                    "group.id": group_id,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    **config,
+                },
+            )
         )
         self._consumer.subscribe([t.name for t in self.topics])
-        self._deadletters = BatchProducer(bootstrap, client_id=f"{group_id}-deadletter")
+        # The dead-letter producer authenticates as the consumer does.
+        security = {k: v for k, v in config.items() if k.startswith(("security.", "sasl.", "ssl."))}
+        self._deadletters = BatchProducer(
+            bootstrap, client_id=f"{group_id}-deadletter", **security
+        )
         self._dl_sequence = 0
         self.stats = ConsumerStats()
 

@@ -8,6 +8,7 @@ commands keep working.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from importlib.metadata import entry_points
 
@@ -38,8 +39,19 @@ def load_components(root: typer.Typer) -> list[str]:
 
 
 def main() -> None:
+    from cgloop.config import KafkaSecurityError, export_kafka_security
+    from pydantic import ValidationError
+
     load_components(app)
-    app(prog_name="cgloop")
+    # Children (Rust producers too) log in as this process does. A bad CGLOOP_* setting is
+    # reported by the command that reads it.
+    with contextlib.suppress(ValidationError):
+        export_kafka_security()
+    try:
+        app(prog_name="cgloop")
+    except KafkaSecurityError as exc:  # a bad CGLOOP_KAFKA_* value: named, no traceback
+        _err.print(f"cgloop: Kafka security settings: {exc}", markup=False, highlight=False)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

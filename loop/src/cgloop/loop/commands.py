@@ -138,11 +138,13 @@ def _run_on_interfaces(
 
 def _stack_up(settings) -> None:
     """The embedded stack, or a one-line reason it cannot start (a port taken, no disk)."""
+    from cgloop.config import export_kafka_security
     from cgloop.stack.preflight import PreflightError
     from cgloop.stack.stack import Stack
 
     try:
         Stack(settings).up(progress=lambda m: console.print(f"  {m}"))
+        export_kafka_security(settings)  # the services this process starts log in to it too
     except PreflightError as exc:
         err.print(f"[red]error[/red] the embedded stack cannot start: {exc}")
         raise typer.Exit(2) from None

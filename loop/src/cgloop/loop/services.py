@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cgloop.binaries import find_binary
-from cgloop.config import Settings
+from cgloop.config import Settings, kafka_client_config
 from cgloop.lab.lab import Lab
 
 REFLECT_PORT = 7799
@@ -155,7 +155,7 @@ def group_ready(bootstrap: str, group: str) -> Callable[[], bool]:
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka_client_config(bootstrap))
 
     def ready() -> bool:
         desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
@@ -179,6 +179,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env["CGLOOP_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
     if settings.store_url:
         env["CGLOOP_STORE_URL"] = settings.store_url
+    env.update(settings.kafka_security().env())  # the broker's credentials, if it wants them
     return env
 
 

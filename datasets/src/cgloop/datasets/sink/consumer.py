@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode
 from cgloop.bus.kafka import BatchProducer, ensure_topics, librdkafka_log
 from cgloop.bus.topics import DEADLETTER, TOPICS
+from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
@@ -148,7 +149,7 @@ class Sink:
         ensure_topics(bootstrap, [TOPICS[t] for t in self.config.topics] + [DEADLETTER])
         self._consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **kafka_client_config(bootstrap),  # address and CGLOOP_KAFKA_* security
                 "group.id": self.config.group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
