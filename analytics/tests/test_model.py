@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 import json
+import logging
+import stat
 import zipfile
 
 import numpy as np
 import pytest
-from cgloop.analytics.model import CARD_MEMBER, KEY_ENV, ModelError, load, read_card, save
+from cgloop.analytics import model as model_file
+from cgloop.analytics.model import (
+    ALLOW_UNSIGNED_ENV,
+    CARD_MEMBER,
+    KEY_ENV,
+    KEY_FILE_ENV,
+    ModelError,
+    load,
+    read_card,
+    save,
+)
+
+
+@pytest.fixture(autouse=True)
+def private_key(tmp_path, monkeypatch):
+    """Each test signs with a key of its own, made where the trainer makes it."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(ALLOW_UNSIGNED_ENV, raising=False)
+    path = tmp_path / "config" / "cgloop" / "model.key"
+    monkeypatch.setenv(KEY_FILE_ENV, str(path))
+    return path
 
 
 def _rewrite(src, dst, edit):
@@ -65,7 +87,7 @@ def test_card_edits_and_unknown_files_are_refused(small_model, tmp_path):
     with pytest.raises(ModelError, match="unknown model format"):
         load(fmt)
     feats = tmp_path / "feats.skops"
-    _rewrite(good, feats, edit_card(lambda d: d.update(features=["dn_bps"])))
+    _rewrite(good, feats, edit_card(lambda d: _signed(d, features=["dn_bps"])))
     with pytest.raises(ModelError, match="features"):
         load(feats)
     junk = tmp_path / "junk.skops"
@@ -79,6 +101,13 @@ def test_card_edits_and_unknown_files_are_refused(small_model, tmp_path):
         load(plain)
 
 
+def _signed(card: dict, **change) -> None:
+    """Edit a card as a legitimate older build would have written it: signed with the key."""
+    card.update(change)
+    key, _ = model_file.model_key()
+    card["hmac_sha256"] = model_file._sign(model_file.ModelCard.model_validate(card), key)
+
+
 def test_signed_model_needs_the_key(small_model, tmp_path, monkeypatch):
     model, card = small_model
     path = tmp_path / "signed.skops"
@@ -88,3 +117,80 @@ def test_signed_model_needs_the_key(small_model, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "k2")
     with pytest.raises(ModelError, match="signature"):
         load(path)
+
+
+def _edit_card(src, dst, change) -> None:
+    def f(name, data):
+        if name != CARD_MEMBER:
+            return data
+        d = json.loads(data)
+        change(d)
+        return json.dumps(d).encode()
+
+    _rewrite(src, dst, f)
+
+
+def _forged(good, tmp_path, keep_signature: bool):
+    """The attack: change the trees, recompute the content hash, keep or drop the HMAC."""
+    body = tmp_path / "body.skops"
+    victim = next(n for n in zipfile.ZipFile(good).namelist() if n.endswith(".npy"))
+    _rewrite(good, body, lambda n, d: d[:-1] + bytes([d[-1] ^ 0xFF]) if n == victim else d)
+    with zipfile.ZipFile(body) as zf:
+        digest = model_file._content_hash(zf)
+    forged = tmp_path / "forged.skops"
+
+    def change(card):
+        card["content_sha256"] = digest
+        if not keep_signature:
+            card["hmac_sha256"] = ""
+
+    _edit_card(body, forged, change)
+    return forged
+
+
+def test_a_rewritten_model_with_a_recomputed_hash_is_refused(small_model, tmp_path):
+    model, card = small_model
+    good = tmp_path / "good.skops"
+    save(model, card, good)
+    with pytest.raises(ModelError, match="signature does not verify with the model key"):
+        load(_forged(good, tmp_path, keep_signature=True))
+    with pytest.raises(ModelError, match="unsigned model: refused"):
+        load(_forged(good, tmp_path, keep_signature=False))
+
+
+def test_an_unsigned_model_loads_only_when_explicitly_allowed(
+    small_model, tmp_path, monkeypatch, caplog
+):
+    model, card = small_model
+    good = tmp_path / "good.skops"
+    save(model, card, good)
+    unsigned = tmp_path / "unsigned.skops"
+    _edit_card(good, unsigned, lambda d: d.update(hmac_sha256=""))
+    with pytest.raises(ModelError, match=f"unsigned model: refused .*{ALLOW_UNSIGNED_ENV}=1"):
+        load(unsigned)
+    monkeypatch.setenv(ALLOW_UNSIGNED_ENV, "1")
+    with caplog.at_level(logging.WARNING):
+        loaded, _ = load(unsigned)
+    assert loaded.forest_ is not None
+    assert f"unsigned model; loaded anyway because {ALLOW_UNSIGNED_ENV}=1" in caplog.text
+    # The opt-in never covers a signature that does not verify.
+    with pytest.raises(ModelError, match="signature does not verify"):
+        load(_forged(good, tmp_path, keep_signature=True))
+
+
+def test_the_first_save_makes_a_private_key_and_signed_models_load(
+    small_model, tmp_path, private_key
+):
+    model, card = small_model
+    assert not private_key.exists()
+    first = save(model, card, tmp_path / "a.skops")
+    assert private_key.exists() and stat.S_IMODE(private_key.stat().st_mode) == 0o600
+    key = private_key.read_bytes()
+    second = save(model, card, tmp_path / "b.skops")
+    assert private_key.read_bytes() == key  # made once, then reused
+    assert first.hmac_sha256 and second.hmac_sha256
+    assert load(tmp_path / "a.skops")[1] == first
+    # A signed model with no key to check it against is refused too.
+    private_key.unlink()
+    with pytest.raises(ModelError, match="no model key to check it"):
+        load(tmp_path / "a.skops")

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# analytics: train the gaming-flow classifier once, so `cgloop analytics run` has a model.
-# Idempotent: does nothing when a model file exists and verifies (hash, format, features).
+# analytics: create the model-signing key, then train the gaming-flow classifier once, so
+# `cgloop analytics run` has a signed model. Idempotent: does nothing when a model file exists
+# and verifies (hash, signature, format, features); an unsigned or foreign-signed one is retrained.
 # Skips quietly when the real data folder (../shared/data) is not on this machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PATH="$HOME/.local/bin:$PATH"
 model="${CGLOOP_STATE_DIR:-.state}/analytics/flow-classifier.skops"
+uv run --quiet cgloop analytics model-key >/dev/null
 if [ -f "$model" ] && uv run --quiet cgloop analytics model-info "$model" >/dev/null 2>&1; then
   exit 0
 fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -206,6 +207,16 @@ def register(app: typer.Typer) -> None:
                 n += 1
                 print(json.dumps(MessageToDict(d)))
         console.print(f"{n} detections from {len(recs)} records")
+
+    @sub.command("model-key")
+    def model_key_cmd() -> None:
+        """Create the key models are signed with (random, 0600) unless it exists; print where."""
+        from cgloop.analytics.model import KEY_ENV, ensure_key
+
+        if os.environ.get(KEY_ENV):
+            print(f"the model key comes from {KEY_ENV}")
+            return
+        print(ensure_key())
 
     @sub.command("model-info")
     def model_info(path: Path) -> None:

@@ -4,8 +4,15 @@ A model file is a skops archive (never pickle) with one extra member, `cgloop-ca
 model card (format, version, feature list, training-data hash, metrics, and a SHA-256 over
 every other member of the archive). Loading refuses a file without a card, a card of an
 unknown format, a content hash that does not match (tampered or corrupted), a feature list
-this build does not compute, and any type outside a short allow-list. With CGLOOP_MODEL_KEY
-set, the card also carries an HMAC that must verify.
+this build does not compute, and any type outside a short allow-list.
+
+The card also carries an HMAC-SHA256 under the model key, so a model rewritten with a
+recomputed content hash is refused too. The key is `CGLOOP_MODEL_KEY` (the secret itself) or
+else the file `CGLOOP_MODEL_KEY_FILE`, by default `$XDG_CONFIG_HOME/cgloop/model.key`
+(`~/.config/cgloop/model.key`): the same place for the trainer, the worker, the loop and the
+tests, whatever their state folder. Saving creates the file (random, 0600) when it is missing.
+Loading refuses an unsigned model, a signed one without a key to check it, and a signature that
+does not verify; `CGLOOP_MODEL_ALLOW_UNSIGNED=1` loads the first two with a warning.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ import hashlib
 import hmac
 import io
 import json
+import logging
 import os
+import secrets
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,10 +35,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.ensemble import IsolationForest, RandomForestClassifier
 
+log = logging.getLogger(__name__)
+
 MODEL_FORMAT = "cgloop.flow-classifier"
 FORMAT_VERSION = 1
 CARD_MEMBER = "cgloop-card.json"
 KEY_ENV = "CGLOOP_MODEL_KEY"
+KEY_FILE_ENV = "CGLOOP_MODEL_KEY_FILE"
+ALLOW_UNSIGNED_ENV = "CGLOOP_MODEL_ALLOW_UNSIGNED"
 # Types a model file may contain besides skops' defaults (numpy, builtins).
 TRUSTED_TYPES = [
     "sklearn.ensemble._forest.RandomForestClassifier",
@@ -157,12 +170,62 @@ def _content_hash(zf: zipfile.ZipFile) -> str:
     return h.hexdigest()
 
 
-def _sign(card: ModelCard) -> str:
-    key = os.environ.get(KEY_ENV)
+def key_path() -> Path:
+    """Where the model key lives (CGLOOP_MODEL_KEY_FILE, else the user's cgloop config folder)."""
+    if os.environ.get(KEY_FILE_ENV):
+        return Path(os.environ[KEY_FILE_ENV])
+    config = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(config) / "cgloop" / "model.key"
+
+
+def ensure_key() -> Path:
+    """Create the model key file (random, mode 0600) unless it exists; return its path."""
+    path = key_path()
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    try:
+        os.link(tmp, path)  # atomic and never overwrites: of two first trainers, one key wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path
+
+
+def model_key() -> tuple[bytes | None, str]:
+    """(key, where it came from); no key when neither the variable nor the file exists."""
+    if os.environ.get(KEY_ENV):
+        return os.environ[KEY_ENV].encode(), KEY_ENV
+    path = key_path()
+    try:
+        key = path.read_bytes().strip()
+    except FileNotFoundError:
+        return None, str(path)
+    except OSError as exc:
+        raise ModelError(f"model key {path}: {exc.strerror or exc}") from None
     if not key:
-        return ""
+        raise ModelError(f"model key {path} is empty")
+    return key, str(path)
+
+
+def _sign(card: ModelCard, key: bytes) -> str:
     body = card.model_dump(exclude={"hmac_sha256"})
-    return hmac.new(key.encode(), json.dumps(body, sort_keys=True).encode(), "sha256").hexdigest()
+    return hmac.new(key, json.dumps(body, sort_keys=True).encode(), "sha256").hexdigest()
+
+
+def _unsigned_allowed(path: Path, why: str) -> None:
+    if os.environ.get(ALLOW_UNSIGNED_ENV) == "1":
+        log.warning("%s: %s; loaded anyway because %s=1", path, why, ALLOW_UNSIGNED_ENV)
+        return
+    raise ModelError(
+        f"{path}: {why}: refused (retrain with `cgloop train`, which signs it, or set "
+        f"{ALLOW_UNSIGNED_ENV}=1 to load it anyway)"
+    )
 
 
 def new_version() -> str:
@@ -177,9 +240,14 @@ def save(model: FlowClassifier, card: ModelCard, path: Path | str) -> ModelCard:
     if getattr(model, "anomaly_", None) is not None:
         payload["anomaly"] = model.anomaly_
     buf = io.BytesIO(sio.dumps(payload))
+    if not os.environ.get(KEY_ENV):
+        ensure_key()  # the first model trained on a machine makes its key
+    key, where = model_key()
+    if key is None:
+        raise ModelError(f"no model key at {where} to sign {path} with")
     with zipfile.ZipFile(buf, "a") as zf:
         card = card.model_copy(update={"content_sha256": _content_hash(zf)})
-        card = card.model_copy(update={"hmac_sha256": _sign(card)})
+        card = card.model_copy(update={"hmac_sha256": _sign(card, key)})
         zf.writestr(CARD_MEMBER, card.model_dump_json(indent=2))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -209,10 +277,17 @@ def read_card(path: Path | str) -> ModelCard:
         )
     if not hmac.compare_digest(actual, card.content_sha256):
         raise ModelError(f"{path}: content hash mismatch: the model file was modified or corrupted")
-    if os.environ.get(KEY_ENV) and (
-        not card.hmac_sha256 or not hmac.compare_digest(_sign(card), card.hmac_sha256)
-    ):
-            raise ModelError(f"{path}: signature does not verify with {KEY_ENV}")
+    key, where = model_key()
+    if not card.hmac_sha256:
+        _unsigned_allowed(path, "unsigned model")
+    elif key is None:
+        _unsigned_allowed(path, f"signed, but there is no model key to check it ({where})")
+    elif not hmac.compare_digest(_sign(card, key), card.hmac_sha256):
+        # Never loadable: the content was rewritten and re-hashed, or signed with another key.
+        raise ModelError(
+            f"{path}: signature does not verify with the model key ({where}): the file was "
+            "rewritten or signed with another key; retrain with `cgloop train`"
+        )
     return card
 
 
