@@ -7,17 +7,20 @@ agent itself is exercised by the end-to-end issue's tests).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, headers_for
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
+from cgloop.bus.topics import DEADLETTER
 from cgloop.policy import model, service
 from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
-from cgloop.policy.journal import Journal
+from cgloop.policy.journal import FINAL, Journal
 from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
 from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, probes
 from cgloop.v1 import action_pb2 as apb
@@ -211,10 +214,12 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
             delivered: list[tuple[int, int]] = []
             producer = Producer({"bootstrap.servers": bootstrap})
             det = detection(time.time_ns(), client="10.77.0.10", labels=labels)
+            batch = dpb.DetectionBatch(records=[det])
             producer.produce(
                 "cgloop.detections.v1",
-                dpb.DetectionBatch(records=[det]).SerializeToString(),
+                batch.SerializeToString(),
                 key=run,
+                headers=headers_for(batch),
                 on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())),
             )
             producer.flush(10)
@@ -225,15 +230,18 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
             # The service keeps deciding meanwhile: a second flow's detection is applied
             # without waiting for the first one's commit (the previous loop waited for it).
             second = detection(time.time_ns(), client="10.77.0.11", labels=labels)
+            batch = dpb.DetectionBatch(records=[second])
             producer.produce(
                 "cgloop.detections.v1",
-                dpb.DetectionBatch(records=[second]).SerializeToString(),
+                batch.SerializeToString(),
                 key=run,
+                headers=headers_for(batch),
             )
             producer.flush(10)
             _wait(lambda: agent.agent.changes == 2, 1.5, "the second SetFlowClass call", engine)
             assert _committed(bootstrap, group, partition) <= offset
-            assert engine.journal.durable_seq < engine.journal.seq
+            decided = engine.journal.seq
+            assert engine.journal.durable_seq < decided
             # One group commit makes both rounds durable: the offset moves past both.
             _wait(
                 lambda: _committed(bootstrap, group, partition) == offset + 2,
@@ -241,9 +249,223 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
                 "the offset commit after the group commit",
                 engine,
             )
-            assert engine.journal.durable_seq == engine.journal.seq
+            # (Rows after them, the delivery marks of the published events, may still wait.)
+            assert engine.journal.durable_seq >= decided
             assert engine.stats.applied == 2
         finally:
             stop.set()
             worker.join(30)
         assert not worker.is_alive()
+
+
+class Crash(BaseException):
+    """The engine process dying (not an error the service would handle)."""
+
+
+def _events_of(
+    bootstrap: str, source_id: str, done, timeout_s: float = 60
+) -> list[apb.ActionEvent]:
+    """The events `source_id` published on the actions topic, read until `done(events)`."""
+    consumer = BatchConsumer(bootstrap, f"audit-{uuid.uuid4().hex}", ["cgloop.actions.v1"])
+    seen: list[apb.ActionEvent] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not done(seen):
+            item = consumer.poll(1.0)
+            if item is None:
+                continue
+            for ev in item[1].events:
+                header = ev.action.header if ev.HasField("action") else ev.result.header
+                if header.source_id == source_id:
+                    seen.append(ev)
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_results_journaled_before_a_crash_reach_the_bus_after_the_restart(
+    stack_settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine dies with verifications journaled (durable) but not yet acknowledged by
+    Kafka, after the detections' offsets were committed (so Kafka redelivers nothing): the
+    restarted engine publishes them from its journal, and every action's final result on the
+    actions topic is the journal's."""
+    from confluent_kafka import Producer
+
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    group = f"policy-{run}"
+    source = f"policy-engine-{run}"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    journal_path = tmp_path / "journal.jsonl"
+    crashing = threading.Event()
+    release = threading.Event()
+
+    class DiesBeforeTheAck(BatchProducer):
+        def send(self, topic_name, batch, key=None):  # type: ignore[override]
+            if any(ev.HasField("result") and ev.result.state in FINAL for ev in batch.events):
+                crashing.set()
+                release.wait(60)  # until the test has seen the offsets committed
+                raise Crash
+            super().send(topic_name, batch, key)
+
+    def serve(engine: Engine, stop: threading.Event) -> None:
+        with contextlib.suppress(Crash):
+            service.run(engine, bootstrap, stop, group)
+
+    def make_engine(agent: AgentServer) -> Engine:
+        return Engine(
+            [_policy(run)],
+            Router(NodeAgentActuator({"node-a": agent.address})),
+            telemetry=WindowStore(),  # no probes: verified "not checked" after `within`
+            journal=Journal(journal_path),
+            source_id=source,
+            apply_async=True,
+            verify_grace_s=0.0,
+        )
+
+    with AgentServer(MemoryNodeAgent("node-a")) as agent:
+        monkeypatch.setattr(service, "BatchProducer", DiesBeforeTheAck)
+        engine = make_engine(agent)
+        stop = threading.Event()
+        worker = threading.Thread(target=serve, args=(engine, stop), daemon=True)
+        worker.start()
+        offsets: list[tuple[int, int]] = []
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for i in range(5):
+            batch = dpb.DetectionBatch(
+                records=[detection(time.time_ns(), client=f"10.78.0.{i + 1}", labels=labels)]
+            )
+            producer.produce(
+                "cgloop.detections.v1",
+                batch.SerializeToString(),
+                key=run,
+                headers=headers_for(batch),
+                on_delivery=lambda err, msg: offsets.append((msg.partition(), msg.offset())),
+            )
+        producer.flush(10)
+        partition = offsets[0][0]
+        last = max(o for _, o in offsets)
+        try:
+            _wait(crashing.is_set, 60, "the first verification's publication", engine)
+            _wait(
+                lambda: _committed(bootstrap, group, partition) == last + 1,
+                30,
+                "the detections' offsets committed",
+                engine,
+            )
+        finally:
+            release.set()
+            worker.join(30)
+        assert not worker.is_alive()
+        engine.journal.close()  # what the dead process had made durable
+        journaled = {i: e for i, e in Journal(journal_path).entries.items()}
+        assert len(journaled) == 5 and agent.agent.changes == 5
+
+        monkeypatch.setattr(service, "BatchProducer", BatchProducer)
+        restarted = make_engine(agent)
+        stop = threading.Event()
+        worker = threading.Thread(target=serve, args=(restarted, stop), daemon=True)
+        worker.start()
+        try:
+
+            def finals(events: list[apb.ActionEvent]) -> dict[str, apb.ActionResult]:
+                return {
+                    ev.result.action_id: ev.result
+                    for ev in events
+                    if ev.HasField("result") and ev.result.state in FINAL
+                }
+
+            _wait(
+                lambda: all(e.state in FINAL for e in restarted.journal.entries.values()),
+                30,
+                "every action final",
+                restarted,
+            )
+            want = {i: e.result for i, e in restarted.journal.entries.items()}
+            seen = _events_of(bootstrap, source, lambda evs: finals(evs).keys() >= want.keys())
+        finally:
+            stop.set()
+            worker.join(30)
+            restarted.journal.close()
+    assert restarted.stats.skipped_known == 0  # nothing redelivered: the offsets were committed
+    assert agent.agent.changes == 5  # nothing applied twice
+    # Every action's final result on the bus is exactly the journal's, and every action too.
+    assert finals(seen) == want
+    assert {ev.action.id for ev in seen if ev.HasField("action")} == set(want)
+
+
+def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
+    stack_settings, tmp_path: Path
+) -> None:
+    """A detection with schema-version header 99, a probe batch on the detections topic
+    (with its own headers, with a lying type header, with none): each is dead-lettered with
+    its reason by the engine's consumer, and only the one good detection becomes an action."""
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    group = f"policy-{run}"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    future = dpb.DetectionBatch(
+        records=[detection(time.time_ns(), client="10.79.0.1", labels=labels)]
+    )
+    probe_batch = probes(time.time_ns() - 1_000 * MS, time.time_ns(), 40 * MS)
+    as_detections = [(TYPE_HEADER, b"cgloop.v1.DetectionBatch"), (SCHEMA_HEADER, b"1")]
+    bad = {
+        # value, headers -> the reason's words
+        (
+            future.SerializeToString(),
+            ((TYPE_HEADER, b"cgloop.v1.DetectionBatch"), (SCHEMA_HEADER, b"99")),
+        ): "cgloop-schema-version header 99 not readable",
+        (
+            probe_batch.SerializeToString(),
+            tuple(headers_for(probe_batch)),
+        ): "type header says 'cgloop.v1.ProbeRecordBatch'",
+        (probe_batch.SerializeToString(), tuple(as_detections)): "not a cgloop.v1.DetectionBatch",
+        (probe_batch.SerializeToString(), ()): "no cgloop-type header",
+    }
+    producer = BatchProducer(bootstrap)
+    for (value, headers), _ in bad.items():
+        producer.send_raw("cgloop.detections.v1", value, key=run, headers=list(headers))
+    good = detection(time.time_ns(), client="10.79.0.2", labels=labels)
+    producer.send("cgloop.detections.v1", dpb.DetectionBatch(records=[good]), key=run)
+    producer.flush()
+    stop = threading.Event()
+    with AgentServer(MemoryNodeAgent("node-a")) as agent:
+        engine = Engine(
+            [_policy(run)],
+            Router(NodeAgentActuator({"node-a": agent.address})),
+            journal=Journal(tmp_path / "journal.jsonl"),
+            source_id=f"policy-engine-{run}",
+            apply_async=True,
+        )
+        worker = threading.Thread(
+            target=service.run, args=(engine, bootstrap, stop, group), daemon=True
+        )
+        worker.start()
+        try:
+            _wait(lambda: agent.agent.changes >= 1, 60, "the good detection's action", engine)
+            _wait(lambda: not engine.busy, 10, "the engine idle", engine)
+        finally:
+            stop.set()
+            worker.join(30)
+        assert not worker.is_alive()
+        assert agent.agent.changes == 1
+    # (The group also reads other tests' detections on this module's broker: none match.)
+    (entry,) = engine.journal.entries.values()
+    assert list(entry.action.reason_detection_ids) == [good.id]
+
+    letters = BatchConsumer(bootstrap, f"dl-{run}", [DEADLETTER.name])
+    mine = []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and len(mine) < len(bad):
+            item = letters.poll(1.0)
+            if item is not None and item[1].consumer_group == group:
+                mine.append(item[1])
+    finally:
+        letters.close()
+    assert sorted(x.offset for x in mine) == sorted({x.offset for x in mine})  # each once
+    reasons = [x.reason for x in mine]
+    for words in bad.values():
+        assert any(words in r for r in reasons), (words, reasons)
+    assert all(x.topic == "cgloop.detections.v1" and x.key == run.encode() for x in mine)
