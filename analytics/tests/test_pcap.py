@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import io
+import struct
 
+import dpkt
 import pytest
 from cgloop.analytics.pcap import PcapError, PcapStats, packets_from_pcap, records_from_pcap
 from cgloop.analytics.records import NS, tuple_key
@@ -58,9 +61,69 @@ def test_not_a_pcap_is_a_clear_error(tmp_path):
         records_from_pcap(tmp_path / "missing.pcap")
 
 
-def test_truncated_capture_keeps_the_good_packets(tmp_path):
+def _udp(i: int, payload: int = 40) -> bytes:
+    ip = dpkt.ip.IP(src=b"\x0a\0\0\x01", dst=b"\x0a\0\0\x02", p=17,
+                    data=dpkt.udp.UDP(sport=1000 + i, dport=2000, data=b"x" * payload))
+    ip.len = len(bytes(ip))
+    return bytes(ip)
+
+
+def capture(packets: list[bytes], snaplen: int = 65535) -> bytes:
+    """A classic little-endian µs pcap of raw IPv4 packets (link type 101), one per second."""
+    out = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, snaplen, 101)
+    for i, pkt in enumerate(packets):
+        out += struct.pack("<IIII", 1_700_000_000 + i, 250_000, len(pkt), len(pkt)) + pkt
+    return out
+
+
+def test_exact_timestamps_from_a_sound_capture(tmp_path):
+    good = tmp_path / "good.pcap"
+    good.write_bytes(capture([_udp(0), _udp(1), _udp(2)]))
+    pkts = list(packets_from_pcap(good))
+    assert [p.ts_ns for p in pkts] == [
+        (1_700_000_000 + i) * NS + 250_000_000 for i in range(3)
+    ]
+
+
+# (damage, what the error must say); packets are 68 bytes, records 16 + 68, header 24.
+DAMAGE = [
+    (lambda b: b + b"\0" * 7, "packet 4 at byte offset 276: truncated record header (7 of 16"),
+    (lambda b: b[:-30], "packet 3 at byte offset 192: truncated record: 68 bytes announced, 38 "
+     "left in the file"),
+    (lambda b: b[:16] + struct.pack("<I", 60) + b[20:], "packet 1 at byte offset 24: record "
+     "length 68 is beyond the snaplen 60"),
+    (lambda b: b[:24 + 8] + struct.pack("<I", 1 << 30) + b[36:], "packet 1 at byte offset 24: "
+     "record length 1073741824 is beyond the snaplen 65535"),
+    (lambda b: b"\xde\xad\xbe\xef" + b[4:], "not a pcap or pcapng file (starts with deadbeef)"),
+    (lambda b: b[:10], "not a pcap or pcapng file"),
+    (lambda b: gzip.compress(b)[:-12], "damaged or unreadable capture near uncompressed byte"),
+]
+
+
+@pytest.mark.parametrize(("damage", "message"), DAMAGE)
+def test_a_damaged_capture_is_refused_with_the_packet_and_offset(tmp_path, damage, message):
+    bad = tmp_path / "bad.pcap"
+    bad.write_bytes(damage(capture([_udp(0), _udp(1), _udp(2)])))
+    with pytest.raises(PcapError) as refused:
+        records_from_pcap(bad)
+    assert message in str(refused.value)
+    assert str(refused.value).startswith(f"{bad}: ")
+
+
+def test_a_truncated_pcapng_block_is_refused(tmp_path):
+    buf = io.BytesIO()
+    writer = dpkt.pcapng.Writer(buf, linktype=101)
+    for i in range(3):
+        writer.writepkt(_udp(i), ts=1.0 + i)
+    bad = tmp_path / "cut.pcapng"
+    bad.write_bytes(buf.getvalue()[:-5])
+    with pytest.raises(PcapError, match=r"packet 3 at byte offset \d+: bad pcapng block"):
+        records_from_pcap(bad)
+
+
+def test_a_real_capture_cut_mid_packet_is_refused(tmp_path):
     raw = gzip.decompress(need_data("l4s-tests", "prague_dualpi2_wifi.pcap.gz").read_bytes())
     cut = tmp_path / "cut.pcap"
     cut.write_bytes(raw[: len(raw) // 50 + 37])  # ends mid-packet
-    recs = records_from_pcap(cut)
-    assert sum(r.packets for r in recs) > 500
+    with pytest.raises(PcapError, match=r"packet \d+ at byte offset \d+: truncated record"):
+        records_from_pcap(cut)

@@ -10,9 +10,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=True)
+
+
+def _error(exc: Exception) -> None:
+    # One line at any terminal width, file names taken literally (no rich markup in them).
+    console.print(f"[red]error[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
 
 
 def default_model_path() -> Path:
@@ -173,7 +179,7 @@ def register(app: typer.Typer) -> None:
         try:
             recs = records_from_pcap(file, interval_ms * 1_000_000, stats=stats)
         except PcapError as exc:
-            console.print(f"[red]{exc}")
+            _error(exc)
             raise typer.Exit(2) from exc
         for r in recs[: limit or None]:
             print(json.dumps(MessageToDict(r)))
@@ -199,7 +205,7 @@ def register(app: typer.Typer) -> None:
         try:
             recs = records_from_pcap(file)
         except PcapError as exc:
-            console.print(f"[red]{exc}")
+            _error(exc)
             raise typer.Exit(2) from exc
         n = 0
         for r in recs:
@@ -226,6 +232,6 @@ def register(app: typer.Typer) -> None:
         try:
             _, card = load(path)
         except ModelError as exc:
-            console.print(f"[red]{exc}")
+            _error(exc)
             raise typer.Exit(1) from exc
         print(card.model_dump_json(indent=2))
