@@ -43,6 +43,10 @@ class QueryLimits(BaseSettings):
             "readonly": "1",
         }
 
+    def parser_settings(self) -> dict[str, str]:
+        """The settings of the connection that only parses a query (see `guard`)."""
+        return {"max_execution_time": f"{self.max_execution_time:g}", "readonly": "1"}
+
 
 class BodyTooLarge(ValueError):
     """The request body, decompressed, is over the limit."""

@@ -111,6 +111,9 @@ class Store:
         self.client: Client = clickhouse_connect.get_client(dsn=f"chdb://{self.path}")
         # A reader's connection string: the folder and its session settings, readonly=1 last.
         self._reader_dsn = f"{self.path}?{urlencode(self.limits.reader_settings())}"
+        # The guard's: read-only and timed, without the result limits (a query's syntax tree
+        # has a row per node, and must not fail where the query itself would not).
+        self._parser_dsn = f"{self.path}?{urlencode(self.limits.parser_settings())}"
         # Any number of connections to the open folder coexist and run queries in parallel;
         # the bound only keeps a flood of queries from taking all memory and threads.
         self._slots = threading.BoundedSemaphore(self.limits.max_concurrent_queries)
@@ -133,9 +136,13 @@ class Store:
         try:
             if self._closed:
                 raise QueryFailed(1000, "the store is closing")
+            parser = chdb.connect(self._parser_dsn)
+            try:
+                guard.check(parser, sql, params)
+            finally:
+                parser.close()
             reader = chdb.connect(self._reader_dsn)
             try:
-                guard.check(reader, sql, params)
                 reader.query(f"USE `{(database or 'default').replace('`', '``')}`")
                 start = time.perf_counter()
                 result = reader.query(sql, fmt, params=params or None)
