@@ -59,9 +59,11 @@ def _payloads() -> list[bytes]:
     sample = sample_flow_record_batch()
     template = sample.records[0]
 
-    bare = FlowRecordBatch()  # records missing every optional part
-    bare.records.add()  # nothing at all: no header, five-tuple, histograms or RTP
-    only_header = bare.records.add()
+    # Records missing every optional part. A header with a version and a source id is not
+    # optional: the codec refuses a record without (as the strict decoder does).
+    bare = FlowRecordBatch()
+    only_header = bare.records.add()  # no five-tuple, histograms or RTP
+    only_header.header.schema_version = 1
     only_header.header.source_id = "node-b/flow-probe"
     only_header.header.sequence = 7
     only_header.packets = 1
@@ -191,7 +193,9 @@ def test_malformed_payload_raises_value_error_naming_its_index() -> None:
     ):
         flows_to_arrow([good, good, b"\x0a\x64\x01\x02"])  # field 1 claims 100 bytes, has 2
     unknown = FlowRecordBatch()
-    unknown.records.add().direction = 9  # no such Direction: ClickHouse refuses it as well
+    record = unknown.records.add()
+    record.header.schema_version, record.header.source_id = 1, "s"
+    record.direction = 9  # no such Direction: ClickHouse refuses it as well
     with pytest.raises(ValueError, match=r"^payload 1, record 0: direction 9 "):
         flows_to_arrow([good, unknown.SerializeToString()])
     with pytest.raises(TypeError):
@@ -233,12 +237,11 @@ def test_decode_releases_the_gil() -> None:
 
 def _int_payloads() -> list[bytes]:
     """Kafka values covering what the decoders could disagree on: every kind, kinds missing
-    their nested messages, an empty record, IPv4 and IPv6, several seconds and minutes."""
+    their nested messages, IPv4 and IPv6, several seconds and minutes."""
     sample = sample_int_record_batch()
     hop, flow, queue, drop = (getattr(r, r.WhichOneof("record")) for r in sample.records)
 
-    bare = int_pb2.IntRecordBatch()
-    bare.records.add()  # no kind at all: a row of defaults, in no table
+    bare = int_pb2.IntRecordBatch()  # (a record with no kind at all is refused: not here)
     r = bare.records.add().hop
     r.CopyFrom(hop)
     r.header.sequence = 20
@@ -252,7 +255,7 @@ def _int_payloads() -> list[bytes]:
     r.hops.add()  # an empty hop among the others
     r.reason = int_pb2.INT_EVENT_REASON_UNSPECIFIED
     r = bare.records.add().queue
-    r.header.source_id = "int-collector-2"  # only a header
+    r.header.schema_version, r.header.source_id = 1, "int-collector-2"  # only a header
     r = bare.records.add().drop
     r.CopyFrom(drop)
     r.header.sequence = 23
@@ -345,10 +348,12 @@ def test_malformed_int_payload_raises_value_error_naming_its_index() -> None:
     ):
         int_to_arrow([good, good, b"\x0a\x64\x01\x02"])  # field 1 claims 100 bytes, has 2
     # A record whose hop is not an IntHopRecord: prost's reason, naming the field.
-    with pytest.raises(ValueError, match=r"^payload 1: .*\(record 1\): .*IntHopRecord"):
-        int_to_arrow([good, b"\x0a\x00" + b"\x0a\x04\x0a\x02\x08\xff"])
+    with pytest.raises(ValueError, match=r"^payload 1: .*\(record 4\): .*IntHopRecord"):
+        int_to_arrow([good, good + b"\x0a\x04\x0a\x02\x08\xff"])
     unknown = int_pb2.IntRecordBatch()
-    unknown.records.add().flow.reason = 42  # no such IntEventReason: ClickHouse refuses it too
+    flow = unknown.records.add().flow
+    flow.header.schema_version, flow.header.source_id = 1, "s"
+    flow.reason = 42  # no such IntEventReason: ClickHouse refuses it too
     with pytest.raises(ValueError, match=r"^payload 0, record 0: reason 42 is not"):
         int_to_arrow([unknown.SerializeToString()])
     with pytest.raises(TypeError):
@@ -394,3 +399,84 @@ def _child(kind: str, path: str, folder: Path) -> None:
 
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+
+
+def _bad_payloads() -> dict[str, list[tuple[str, bytes, bool]]]:
+    """topic -> (case, payload, same words): payloads the strict decoder refuses; `same words`
+    where the codec's reason is the decoder's own (header, version, source, records)."""
+    from cgloop.contracts.samples import SAMPLE_FOR_TOPIC, SAMPLES
+
+    out: dict[str, list[tuple[str, bytes, bool]]] = {}
+    probes = SAMPLES[SAMPLE_FOR_TOPIC["cgloop.probes.v1"]]().SerializeToString()
+    flows = sample_flow_record_batch()
+    anonymous, future, headless = (FlowRecordBatch() for _ in range(3))
+    for batch in (anonymous, future, headless):
+        batch.CopyFrom(flows)
+    anonymous.records[0].header.source_id = ""
+    future.records[0].header.schema_version = 99
+    headless.records[0].ClearField("header")
+    out["cgloop.flows.v1"] = [
+        ("empty source_id", anonymous.SerializeToString(), True),
+        ("schema_version 99", future.SerializeToString(), True),
+        ("no header", headless.SerializeToString(), True),
+        ("no records", FlowRecordBatch().SerializeToString(), False),
+        ("a probe batch", probes, False),
+        ("garbage", b"\xff\xff\xff garbage", False),
+        # An unknown field inside a record (field 99 of FlowRecord).
+        ("unknown field", _with_unknown(flows), False),
+    ]
+    ints = sample_int_record_batch()
+    anonymous_int, future_int, empty_envelope = (int_pb2.IntRecordBatch() for _ in range(3))
+    for batch in (anonymous_int, future_int, empty_envelope):
+        batch.CopyFrom(ints)
+    anonymous_int.records[1].flow.header.source_id = ""
+    future_int.records[3].drop.header.schema_version = 99
+    empty_envelope.records.add()
+    out["cgloop.int.v1"] = [
+        ("empty source_id", anonymous_int.SerializeToString(), True),
+        ("schema_version 99", future_int.SerializeToString(), True),
+        ("empty envelope", empty_envelope.SerializeToString(), True),
+        ("a probe batch", probes, False),
+        ("garbage", b"\xff\xff\xff garbage", False),
+    ]
+    return out
+
+
+def _with_unknown(batch: FlowRecordBatch) -> bytes:
+    """`batch` with field 99 (varint 1) appended to its first record."""
+    first = batch.records[0].SerializeToString() + b"\x98\x06\x01"
+    rest = b"".join(
+        b"\x0a" + _VarintBytes(len(r)) + r
+        for r in (x.SerializeToString() for x in batch.records[1:])
+    )
+    return b"\x0a" + _VarintBytes(len(first)) + first + rest
+
+
+@pytest.mark.parametrize("topic", ["cgloop.flows.v1", "cgloop.int.v1"])
+def test_the_codec_refuses_what_the_strict_decoder_refuses(topic: str) -> None:
+    """Sink and consumers must refuse the same messages: the codec (the sink's fast path)
+    refuses every payload cgloop.bus.codec.decode_payload refuses, names it by index, and
+    for the header checks in the decoder's own words."""
+    from cgloop.arrowcodec import PayloadError
+    from cgloop.bus.codec import DecodeError, decode_payload
+    from cgloop.bus.topics import TOPICS
+
+    encode = {"cgloop.flows.v1": flows_to_arrow, "cgloop.int.v1": int_to_arrow}[topic]
+    good = (
+        sample_flow_record_batch() if topic == "cgloop.flows.v1" else sample_int_record_batch()
+    ).SerializeToString()
+    decode_payload(TOPICS[topic], good, 1)
+    encode([good], [1])
+    for case, payload, same_words in _bad_payloads()[topic]:
+        with pytest.raises(DecodeError) as strict:
+            decode_payload(TOPICS[topic], payload, 1)
+        with pytest.raises(PayloadError) as codec:
+            encode([good, payload, good], [1, 1, 1])
+        assert codec.value.index == 1, case
+        if same_words:
+            assert str(codec.value) == f"payload 1: {strict.value}", case
+    # The record's version must be its message's header version.
+    with pytest.raises(PayloadError, match="disagrees with the cgloop-schema-version header 2"):
+        encode([good], [2])
+    with pytest.raises(ValueError, match="2 schema_versions for 1 payloads"):
+        encode([good], [1, 1])

@@ -23,8 +23,8 @@ use arrow_array::{ArrayRef, StructArray};
 use arrow_schema::{ArrowError, DataType, Field, Fields};
 
 use crate::{
-    for_each_record, key, skip, Batch, Binary, CodecError, Column, Encoder, FieldAt, List, Piece,
-    RowError, Utf8, WireError,
+    check_header, for_each_record, key, skip, unknown, Batch, Binary, Check, CodecError, Column,
+    Encoder, FieldAt, List, Piece, RowError, Utf8, WireError, LENGTH_DELIMITED,
 };
 
 /// The longest `IntEventReason` name (`INT_EVENT_REASON_LATENCY_CHANGE`): bounds `flow_reason`.
@@ -139,9 +139,15 @@ impl Batch for IntColumns {
     const ENUM: (&'static str, &'static str) = ("reason", "IntEventReason");
     const MAX_ROW_EXTRA: usize = MAX_REASON_NAME;
 
-    fn append_payload(&mut self, index: usize, payload: &[u8]) -> Result<(), CodecError> {
+    fn append_payload(
+        &mut self,
+        index: usize,
+        payload: &[u8],
+        version: Option<u32>,
+    ) -> Result<(), CodecError> {
         for_each_record::<Self>(index, payload, |body| {
             let kinds = Kinds::decode(body)?;
+            kinds.check(version)?;
             self.push_row(&kinds).map_err(RowError::UnknownEnum)
         })
     }
@@ -166,11 +172,14 @@ struct Kinds {
 
 impl Kinds {
     /// Decodes one `IntRecord` body: a kind that comes again merges (as prost merges a oneof
-    /// member); different kinds are all kept (as ClickHouse's decoder keeps them).
+    /// member); different kinds are all kept (as ClickHouse's decoder keeps them). A field no
+    /// message here has is refused, at any depth, as the strict decoder refuses it (prost
+    /// would drop it silently, so each kind's body is walked against [`KNOWN`] first).
     fn decode(mut buf: &[u8]) -> Result<Self, WireError> {
         fn merge<M: Message + Default>(
             slot: &mut Option<M>,
             field: &'static str,
+            known: &'static Known,
             wire_type: u8,
             buf: &mut &[u8],
         ) -> Result<(), WireError> {
@@ -180,7 +189,9 @@ impl Kinds {
                 wire_type,
             };
             let body = at.bytes(buf)?;
+            // prost's errors first (its words for a malformed body), then the unknown fields.
             slot.get_or_insert_with(M::default).merge(body)?;
+            known.check(body)?;
             Ok(())
         }
         let mut kinds = Kinds::default();
@@ -188,16 +199,158 @@ impl Kinds {
         while !b.is_empty() {
             let (tag, wt) = key(b)?;
             match tag {
-                1 => merge(&mut kinds.hop, "hop", wt, b)?,
-                2 => merge(&mut kinds.flow, "flow", wt, b)?,
-                3 => merge(&mut kinds.queue, "queue", wt, b)?,
-                4 => merge(&mut kinds.drop, "drop", wt, b)?,
-                _ => skip(tag, wt, b)?,
+                1 => merge(&mut kinds.hop, "hop", &KNOWN_HOP_RECORD, wt, b)?,
+                2 => merge(&mut kinds.flow, "flow", &KNOWN_FLOW_RECORD, wt, b)?,
+                3 => merge(&mut kinds.queue, "queue", &KNOWN_QUEUE_RECORD, wt, b)?,
+                4 => merge(&mut kinds.drop, "drop", &KNOWN_DROP_RECORD, wt, b)?,
+                _ => return Err(unknown("IntRecord", tag, wt, b)),
             }
         }
         Ok(kinds)
     }
+
+    /// The strict decoder's checks of each kind's header (every kind present: ClickHouse's
+    /// decoder would store each); none at all is an empty envelope. The rows' views pick a
+    /// record's kind by a non-empty source id, so a record without one would be stored nowhere.
+    fn check(&self, version: Option<u32>) -> Result<(), RowError> {
+        fn one(
+            message: &'static str,
+            header: Option<&RecordHeader>,
+            version: Option<u32>,
+        ) -> Result<(), RowError> {
+            let (present, h) = match header {
+                Some(h) => (true, h),
+                None => (false, &DEFAULTS.header),
+            };
+            check_header(present, h.schema_version, h.source_id.as_bytes(), version)
+                .map_err(|check| RowError::Refused(message, check))
+        }
+        let mut any = false;
+        if let Some(r) = &self.hop {
+            one("IntHopRecord", r.header.as_ref(), version)?;
+            any = true;
+        }
+        if let Some(r) = &self.flow {
+            one("IntFlowRecord", r.header.as_ref(), version)?;
+            any = true;
+        }
+        if let Some(r) = &self.queue {
+            one("IntQueueRecord", r.header.as_ref(), version)?;
+            any = true;
+        }
+        if let Some(r) = &self.drop {
+            one("IntDropRecord", r.header.as_ref(), version)?;
+            any = true;
+        }
+        if any {
+            Ok(())
+        } else {
+            Err(RowError::Refused("IntRecord", Check::EmptyEnvelope))
+        }
+    }
 }
+
+/// The fields of one message of int.proto / common.proto: (number, nested message or None for
+/// a scalar). Only the numbers matter here; prost has checked the wire types already.
+struct Known {
+    message: &'static str,
+    fields: &'static [(u32, Option<&'static Known>)],
+}
+
+impl Known {
+    /// Err(Unknown) for the first field, at any depth, that its message does not have.
+    fn check(&'static self, mut buf: &[u8]) -> Result<(), WireError> {
+        let b = &mut buf;
+        while !b.is_empty() {
+            let (tag, wt) = key(b)?;
+            match self.fields.iter().find(|(n, _)| *n == tag) {
+                Some((_, Some(nested))) if wt == LENGTH_DELIMITED => {
+                    let at = FieldAt {
+                        message: self.message,
+                        field: nested.message,
+                        wire_type: wt,
+                    };
+                    nested.check(at.bytes(b)?)?;
+                }
+                Some(_) => skip(tag, wt, b)?,
+                None => return Err(WireError::Unknown { message: self.message, tag }),
+            }
+        }
+        Ok(())
+    }
+}
+
+const fn scalars<const N: usize>(first: u32) -> [(u32, Option<&'static Known>); N] {
+    let mut out = [(0, None); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = (first + i as u32, None);
+        i += 1;
+    }
+    out
+}
+
+static KNOWN_HEADER: Known = Known {
+    message: "RecordHeader",
+    fields: &scalars::<4>(1),
+};
+static KNOWN_FIVE_TUPLE: Known = Known {
+    message: "FiveTuple",
+    fields: &scalars::<5>(1),
+};
+static KNOWN_HOP: Known = Known {
+    message: "IntHop",
+    fields: &scalars::<14>(1),
+};
+static KNOWN_HOP_RECORD: Known = Known {
+    message: "IntHopRecord",
+    fields: &[
+        (1, Some(&KNOWN_HEADER)),
+        (2, Some(&KNOWN_FIVE_TUPLE)),
+        (3, None),
+        (4, Some(&KNOWN_HOP)),
+    ],
+};
+static KNOWN_FLOW_RECORD: Known = Known {
+    message: "IntFlowRecord",
+    fields: &[
+        (1, Some(&KNOWN_HEADER)),
+        (2, Some(&KNOWN_FIVE_TUPLE)),
+        (3, None),
+        (4, Some(&KNOWN_HOP)),
+        (5, None),
+        (6, None),
+        (7, None),
+        (8, None),
+        (9, None),
+    ],
+};
+static KNOWN_QUEUE_RECORD: Known = Known {
+    message: "IntQueueRecord",
+    fields: &[
+        (1, Some(&KNOWN_HEADER)),
+        (2, None),
+        (3, None),
+        (4, None),
+        (5, None),
+        (6, None),
+        (7, None),
+        (8, None),
+    ],
+};
+static KNOWN_DROP_RECORD: Known = Known {
+    message: "IntDropRecord",
+    fields: &[
+        (1, Some(&KNOWN_HEADER)),
+        (2, None),
+        (3, None),
+        (4, None),
+        (5, None),
+        (6, None),
+        (7, None),
+        (8, Some(&KNOWN_FIVE_TUPLE)),
+    ],
+};
 
 /// Appends a `RecordHeader` (absent: zeros) to its four columns.
 macro_rules! push_header {
@@ -396,10 +549,11 @@ mod tests {
             .unwrap_or_else(|| panic!("no column {name}"))
     }
 
-    /// Every kind, records missing their nested messages, IPv6, an empty record.
+    /// Every kind, records missing their nested messages (not their headers: the strict
+    /// checks refuse those), IPv6.
     fn varied_payloads() -> Vec<Vec<u8>> {
         let sample = samples::sample_int_record_batch();
-        let mut bare = vec![IntRecord::default()]; // no kind at all
+        let mut bare = vec![];
         for r in &sample.records {
             let mut r = r.clone();
             match r.record.as_mut() {
@@ -408,20 +562,19 @@ mod tests {
                     h.five_tuple = None;
                 }
                 Some(Record::Flow(f)) => {
-                    f.header = None;
                     f.hops.push(IntHop::default());
                     f.path_switch_ids.clear();
                     if let Some(t) = f.five_tuple.as_mut() {
                         t.src_addr = vec![0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
                     }
                 }
-                Some(Record::Queue(q)) => q.header = None,
+                Some(Record::Queue(q)) => q.queue_latency_ns = 0,
                 Some(Record::Drop(d)) => d.five_tuple = None,
                 None => {}
             }
             bare.push(r);
         }
-        vec![sample.encode_to_vec(), encode(bare), encode(vec![])]
+        vec![sample.encode_to_vec(), encode(bare)]
     }
 
     #[test]
@@ -430,7 +583,7 @@ mod tests {
         let got = IntEncoder::record_batch(&payloads).expect("valid");
         let want = reference(&payloads).expect("valid").expect("valid reasons");
         assert_eq!(got, want);
-        assert_eq!(got.num_rows(), 9);
+        assert_eq!(got.num_rows(), 8);
         // Spot checks against the sample itself.
         let sample = samples::sample_int_record_batch();
         let Some(Record::Flow(flow)) = &sample.records[1].record else {
@@ -475,30 +628,23 @@ mod tests {
         assert!(col(&got, "queue_congested").as_boolean().value(2));
         let drops = col(&got, "drop_drop_count").as_primitive::<UInt64Type>();
         assert_eq!(drops.value(3), 17);
-        // The second payload: an empty record (a row of defaults), then bare kinds.
+        // The second payload: the kinds without their nested messages.
         let source = col(&got, "hop_header_source_id").as_string::<i32>();
-        assert_eq!(source.value(4), "");
-        assert_eq!(source.value(5), "int-collector-1");
+        assert_eq!(source.value(4), "int-collector-1");
         let switch = col(&got, "hop_hop_switch_id").as_primitive::<UInt32Type>();
-        assert_eq!(switch.value(5), 0, "a hop record without its hop");
+        assert_eq!(switch.value(4), 0, "a hop record without its hop");
         assert_eq!(
             col(&got, "hop_five_tuple_src_addr")
                 .as_binary::<i32>()
-                .value(5),
+                .value(4),
             b""
         );
-        assert_eq!(
-            col(&got, "flow_header_sequence")
-                .as_primitive::<UInt64Type>()
-                .value(6),
-            0
-        );
-        assert_eq!(hops.value_length(6), 3, "two hops and an empty one");
+        assert_eq!(hops.value_length(5), 3, "two hops and an empty one");
         assert_eq!(ids.len(), 2);
         assert_eq!(
             col(&got, "flow_five_tuple_src_addr")
                 .as_binary::<i32>()
-                .value(6)
+                .value(5)
                 .len(),
             16
         );
@@ -551,6 +697,17 @@ mod tests {
                     rejected += 1;
                 }
                 (Err(CodecError::Decode { .. }), None) => rejected += 1,
+                // The strict decoder's refusals, which prost does not make.
+                (
+                    Err(
+                        CodecError::Refused { .. }
+                        | CodecError::Decode {
+                            source: WireError::Unknown { .. },
+                            ..
+                        },
+                    ),
+                    Some(_),
+                ) => rejected += 1,
                 (got, want) => panic!(
                     "bit {bit}: ours {:?}, prost's {:?}",
                     got.map(|b| b.num_rows()),
@@ -598,7 +755,8 @@ mod tests {
     fn errors_name_the_payload_and_record() {
         let good = samples::sample_int_record_batch().encode_to_vec();
         // The second record's body claims more bytes than there are.
-        let mut bad = encode(vec![IntRecord::default()]);
+        let first = samples::sample_int_record_batch().records[0].clone();
+        let mut bad = encode(vec![first.clone()]);
         bad.extend_from_slice(&[0x0a, 0x05, 0x0a, 0x64, 0x01]);
         let err = int_to_arrow(&[good.clone(), bad]).expect_err("malformed");
         let text = err.to_string();
@@ -607,11 +765,16 @@ mod tests {
             "{text}"
         );
         let flow = IntFlowRecord {
+            header: Some(RecordHeader {
+                schema_version: 1,
+                source_id: "s".into(),
+                ..Default::default()
+            }),
             reason: 99,
             ..Default::default()
         };
         let unknown = encode(vec![
-            IntRecord::default(),
+            first,
             IntRecord {
                 record: Some(Record::Flow(flow)),
             },
@@ -660,5 +823,78 @@ mod tests {
         let empty = int_to_arrow(&none).expect("empty is fine");
         let reader = StreamReader::try_new(&empty[..], None).expect("stream");
         assert_eq!(reader.schema(), IntEncoder::schema());
+    }
+
+    #[test]
+    fn records_the_strict_decoder_refuses_are_refused_naming_payload_and_record() {
+        use prost::encoding::{encode_key, encode_varint, WireType};
+        let sample = samples::sample_int_record_batch();
+        let good = sample.encode_to_vec();
+        let mut anonymous = sample.clone();
+        if let Some(Record::Flow(f)) = anonymous.records[1].record.as_mut() {
+            f.header.as_mut().expect("a header").source_id.clear();
+        }
+        let mut unreadable = sample.clone();
+        if let Some(Record::Drop(d)) = unreadable.records[3].record.as_mut() {
+            d.header.as_mut().expect("a header").schema_version = 99;
+        }
+        let mut headless = sample.clone();
+        if let Some(Record::Queue(q)) = headless.records[2].record.as_mut() {
+            q.header = None;
+        }
+        let mut empty = sample.clone();
+        empty.records.insert(1, IntRecord::default());
+        // The words after "payload 1: " are those of cgloop.bus.codec.decode_payload.
+        let cases = [
+            (
+                anonymous.encode_to_vec(),
+                "payload 1: record 1 (IntFlowRecord): header has no source_id",
+            ),
+            (
+                unreadable.encode_to_vec(),
+                "payload 1: record 3 (IntDropRecord): schema_version 99 not readable \
+                 (this build reads 1..1)",
+            ),
+            (
+                headless.encode_to_vec(),
+                "payload 1: record 2 (IntQueueRecord): missing header",
+            ),
+            (
+                empty.encode_to_vec(),
+                "payload 1: record 1 (IntRecord): empty envelope, none of its records is set",
+            ),
+            (
+                Vec::new(),
+                "payload 1: cgloop.v1.IntRecordBatch with no records",
+            ),
+        ];
+        for (bad, want) in cases {
+            let err = int_to_arrow(&[good.clone(), bad]).expect_err(want);
+            assert_eq!(err.to_string(), want);
+            assert_eq!(err.payload_index(), Some(1));
+        }
+        // An unknown field deep inside a kind (prost drops it; the strict decoder refuses it):
+        // field 15 of the hop of a hop record.
+        let Some(Record::Hop(hop)) = sample.records[0].record.clone() else {
+            panic!("the sample's first record is a hop record")
+        };
+        let mut inner = hop.hop.clone().expect("a hop").encode_to_vec();
+        encode_key(15, WireType::Varint, &mut inner);
+        encode_varint(1, &mut inner);
+        let mut body = IntHopRecord { hop: None, ..hop }.encode_to_vec();
+        encode_key(4, WireType::LengthDelimited, &mut body);
+        encode_varint(inner.len() as u64, &mut body);
+        body.extend_from_slice(&inner);
+        let mut record = Vec::new();
+        encode_key(1, WireType::LengthDelimited, &mut record);
+        encode_varint(body.len() as u64, &mut record);
+        record.extend_from_slice(&body);
+        let mut batch = Vec::new();
+        encode_key(1, WireType::LengthDelimited, &mut batch);
+        encode_varint(record.len() as u64, &mut batch);
+        batch.extend_from_slice(&record);
+        assert!(IntRecordBatch::decode(&batch[..]).is_ok(), "prost skips it");
+        let err = int_to_arrow(&[good, batch]).expect_err("unknown field");
+        assert!(err.to_string().ends_with("IntHop: unknown field 15"), "{err}");
     }
 }

@@ -69,6 +69,21 @@ pub enum CodecError {
         enumeration: &'static str,
         value: i32,
     },
+    /// A record the strict decoder every consumer uses (`cgloop.bus.codec.decode_payload`)
+    /// refuses: no header, a schema version this build cannot read or that disagrees with the
+    /// message's `cgloop-schema-version` header, no source id, an empty envelope. Stored, such a
+    /// row would be data no consumer accepts (and an INT row without a source id matches no
+    /// view: it would vanish). The words after the payload are the strict decoder's.
+    #[error("payload {index}: record {record} ({message}): {check}")]
+    Refused {
+        index: usize,
+        record: usize,
+        message: &'static str,
+        check: Check,
+    },
+    /// A payload without a single record (the strict decoder refuses it too).
+    #[error("payload {index}: cgloop.v1.{batch} with no records")]
+    NoRecords { index: usize, batch: &'static str },
     /// The payloads together exceed what one Arrow record batch can hold.
     #[error(
         "payloads total {total} bytes, more than one Arrow record batch holds \
@@ -101,6 +116,64 @@ pub enum CodecError {
     Arrow(#[from] ArrowError),
 }
 
+impl CodecError {
+    /// The index of the payload at fault, when one payload is (the caller can set it aside
+    /// and convert the others).
+    pub fn payload_index(&self) -> Option<usize> {
+        match self {
+            CodecError::Decode { index, .. }
+            | CodecError::UnknownEnum { index, .. }
+            | CodecError::Refused { index, .. }
+            | CodecError::NoRecords { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+}
+
+/// What is wrong with a record's header (or envelope), in the strict decoder's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Check {
+    #[error("missing header")]
+    NoHeader,
+    #[error("empty envelope, none of its records is set")]
+    EmptyEnvelope,
+    #[error(
+        "schema_version {0} not readable (this build reads 1..{max})",
+        max = cgloop_proto::SCHEMA_VERSION
+    )]
+    Unreadable(u32),
+    #[error("schema_version {version} disagrees with the cgloop-schema-version header {header}")]
+    Disagrees { version: u32, header: u32 },
+    #[error("header has no source_id")]
+    NoSourceId,
+}
+
+/// The strict decoder's checks of one record header, in its order: present, a version this
+/// build reads, the message's own version (`expected`, when the caller knows it), a source.
+#[inline(always)]
+fn check_header(
+    present: bool,
+    version: u32,
+    source_id: &[u8],
+    expected: Option<u32>,
+) -> Result<(), Check> {
+    if !present {
+        return Err(Check::NoHeader);
+    }
+    if !(1..=cgloop_proto::SCHEMA_VERSION).contains(&version) {
+        return Err(Check::Unreadable(version));
+    }
+    if let Some(header) = expected {
+        if version != header {
+            return Err(Check::Disagrees { version, header });
+        }
+    }
+    if source_id.is_empty() {
+        return Err(Check::NoSourceId);
+    }
+    Ok(())
+}
+
 /// Decodes each payload as a `FlowRecordBatch`, concatenates their records in order and returns
 /// ONE Arrow IPC stream (schema, then one record batch) shaped like `cgloop.flow_ingest`.
 /// No payloads give a valid stream of zero rows. A [`FlowEncoder`] kept by the caller does the
@@ -131,7 +204,14 @@ pub trait Batch: Column {
     /// bytes (an enum's longest name: an absent enum is 0 bytes on the wire).
     const MAX_ROW_EXTRA: usize;
     /// Decodes one payload (payload `index` of the call), appending its records as rows.
-    fn append_payload(&mut self, index: usize, payload: &[u8]) -> Result<(), CodecError>;
+    /// `version`: the schema version its Kafka header declares, which every record header must
+    /// carry (None: any version this build reads).
+    fn append_payload(
+        &mut self,
+        index: usize,
+        payload: &[u8],
+        version: Option<u32>,
+    ) -> Result<(), CodecError>;
     /// The columns' pieces in IPC order, without the batch's own node (see [`Column::pieces`]).
     fn batch_pieces<'a>(&'a self, f: &mut dyn FnMut(Piece<'a>));
     /// The columns as `arrow-array` arrays (a copy).
@@ -170,7 +250,7 @@ impl<C: Batch> Encoder<C> {
     /// `arrow-array` arrays: a copy; the stream is written without them).
     pub fn record_batch<P: AsRef<[u8]>>(payloads: &[P]) -> Result<RecordBatch, CodecError> {
         let mut encoder = Self::new();
-        encoder.decode(payloads)?;
+        encoder.decode(payloads, None)?;
         to_record_batch(&encoder.columns)
     }
 
@@ -186,7 +266,18 @@ impl<C: Batch> Encoder<C> {
         payloads: &[P],
         out: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
-        self.decode(payloads)?;
+        self.encode_versioned(payloads, None, out)
+    }
+
+    /// [`Encoder::encode_into`], each payload's records checked against the schema version
+    /// its Kafka header declares (`versions[i]` for payload i; None: any this build reads).
+    pub fn encode_versioned<P: AsRef<[u8]>>(
+        &mut self,
+        payloads: &[P],
+        versions: Option<&[u32]>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
+        self.decode(payloads, versions)?;
         if self.schema_message.is_none() {
             self.schema_message = Some(schema_message(&batch_schema(&self.columns))?);
         }
@@ -200,7 +291,11 @@ impl<C: Batch> Encoder<C> {
     }
 
     /// Decodes every payload into the columns (emptied first).
-    fn decode<P: AsRef<[u8]>>(&mut self, payloads: &[P]) -> Result<(), CodecError> {
+    fn decode<P: AsRef<[u8]>>(
+        &mut self,
+        payloads: &[P],
+        versions: Option<&[u32]>,
+    ) -> Result<(), CodecError> {
         let total: usize = payloads.iter().map(|p| p.as_ref().len()).sum();
         if total > MAX_TOTAL_BYTES {
             return Err(CodecError::TooLarge { total });
@@ -227,7 +322,8 @@ impl<C: Batch> Encoder<C> {
         }
         self.columns.reset(rows);
         for (index, payload) in payloads.iter().enumerate() {
-            self.columns.append_payload(index, payload.as_ref())?;
+            let version = versions.and_then(|v| v.get(index).copied());
+            self.columns.append_payload(index, payload.as_ref(), version)?;
         }
         Ok(())
     }
@@ -269,12 +365,24 @@ impl Batch for FlowColumns {
     const ENUM: (&'static str, &'static str) = ("direction", "Direction");
     const MAX_ROW_EXTRA: usize = MAX_DIRECTION_NAME;
 
-    fn append_payload(&mut self, index: usize, payload: &[u8]) -> Result<(), CodecError> {
+    fn append_payload(
+        &mut self,
+        index: usize,
+        payload: &[u8],
+        version: Option<u32>,
+    ) -> Result<(), CodecError> {
         // A wire decoder for these messages, a record at a time straight into the columns
         // (prost's merge into a reused `FlowRecord` then a copy into the columns was ~70% of a
         // call).
         for_each_record::<Self>(index, payload, |body| {
             let row = decode_record(body, self)?;
+            check_header(
+                row.has_header,
+                row.header_schema_version,
+                row.header_source_id,
+                version,
+            )
+            .map_err(|check| RowError::Refused("FlowRecord", check))?;
             self.push_row(&row).map_err(RowError::UnknownEnum)
         })
     }
@@ -294,6 +402,8 @@ enum RowError {
     Wire(WireError),
     /// Its enum field holds this value, no value of the enum ([`Batch::ENUM`]).
     UnknownEnum(i32),
+    /// The strict decoder refuses it (the record's message name, and why).
+    Refused(&'static str, Check),
 }
 
 impl From<WireError> for RowError {
@@ -336,11 +446,25 @@ fn for_each_record<'p, C: Batch>(
                     enumeration: C::ENUM.1,
                     value,
                 },
+                RowError::Refused(message, check) => CodecError::Refused {
+                    index,
+                    record,
+                    message,
+                    check,
+                },
             })?;
             record += 1;
         } else {
-            skip(tag, wire_type, &mut buf).map_err(|e| decode_error(record, e))?;
+            // The strict decoder refuses a field its batch type does not have (a batch of
+            // another type often parses as this one otherwise).
+            return Err(decode_error(record, unknown(C::MESSAGE, tag, wire_type, &mut buf)));
         }
+    }
+    if record == 0 {
+        return Err(CodecError::NoRecords {
+            index,
+            batch: C::MESSAGE,
+        });
     }
     Ok(())
 }
@@ -908,6 +1032,10 @@ pub enum WireError {
         message: &'static str,
         field: &'static str,
     },
+    /// A field its message does not have: the strict decoder every consumer uses refuses it
+    /// (a batch of another type shows up as such fields), so the sink does too.
+    #[error("{message}: unknown field {tag}")]
+    Unknown { message: &'static str, tag: u32 },
     /// prost's own decoder: skipping an unknown field (`skip_field`), or a message decoded
     /// with prost (the INT records).
     #[error(transparent)]
@@ -1006,7 +1134,17 @@ fn key(buf: &mut &[u8]) -> Result<(u32, u8), WireError> {
     Ok((tag, (key & 7) as u8))
 }
 
-/// Skips a field no message here knows (a newer producer's), with prost's own rules.
+/// The error for field `tag` that `message` does not have: the field's own encoding error
+/// first, as a decoder that skipped it would report (prost's rules), else `Unknown`.
+#[inline(never)]
+fn unknown(message: &'static str, tag: u32, wire_type: u8, buf: &mut &[u8]) -> WireError {
+    match skip(tag, wire_type, buf) {
+        Err(e) => e,
+        Ok(()) => WireError::Unknown { message, tag },
+    }
+}
+
+/// Skips a field's value with prost's own rules.
 #[inline(never)]
 fn skip(tag: u32, wire_type: u8, buf: &mut &[u8]) -> Result<(), WireError> {
     let wire_type = WireType::try_from(u64::from(wire_type))?;
@@ -1098,6 +1236,8 @@ impl FieldAt {
 /// nested message that comes again is merged as protobuf merges (the last scalar wins).
 #[derive(Default)]
 struct Row<'a> {
+    /// Field 1 came (even empty): the strict decoder's `HasField("header")`.
+    has_header: bool,
     header_schema_version: u32,
     header_source_id: &'a [u8],
     header_sequence: u64,
@@ -1199,7 +1339,10 @@ fn record_field<'a>(
         wire_type,
     };
     match tag {
-        1 => decode_header(at("header", wt).bytes(b)?, row)?,
+        1 => {
+            decode_header(at("header", wt).bytes(b)?, row)?;
+            row.has_header = true;
+        }
         2 => decode_five_tuple(at("five_tuple", wt).bytes(b)?, row)?,
         3 => row.direction = at("direction", wt).u64(b)? as i32,
         4 => row.vlan_id = at("vlan_id", wt).u32(b)?,
@@ -1233,7 +1376,7 @@ fn record_field<'a>(
         26 => row.last_dscp = at("last_dscp", wt).u32(b)?,
         27 => row.tcp_flags_seen = at("tcp_flags_seen", wt).u32(b)?,
         28 => decode_rtp(at("rtp", wt).bytes(b)?, &mut row.rtp)?,
-        _ => skip(tag, wt, b)?,
+        _ => return Err(unknown("FlowRecord", tag, wt, b)),
     }
     Ok(())
 }
@@ -1262,7 +1405,7 @@ fn header_field<'a>(
         2 => row.header_source_id = at("source_id", wt).string(b)?,
         3 => row.header_sequence = at("sequence", wt).u64(b)?,
         4 => row.header_timestamp_ns = at("timestamp_ns", wt).u64(b)?,
-        _ => skip(tag, wt, b)?,
+        _ => return Err(unknown("RecordHeader", tag, wt, b)),
     }
     Ok(())
 }
@@ -1292,7 +1435,7 @@ fn five_tuple_field<'a>(
         3 => row.five_tuple_src_port = at("src_port", wt).u32(b)?,
         4 => row.five_tuple_dst_port = at("dst_port", wt).u32(b)?,
         5 => row.five_tuple_ip_protocol = at("ip_protocol", wt).u32(b)?,
-        _ => skip(tag, wt, b)?,
+        _ => return Err(unknown("FiveTuple", tag, wt, b)),
     }
     Ok(())
 }
@@ -1308,7 +1451,7 @@ fn decode_histogram(mut buf: &[u8], values: &mut Vec<u64>) -> Result<(), WireErr
             };
             at.repeated_u64(&mut buf, values)?;
         } else {
-            skip(tag, wt, &mut buf)?;
+            return Err(unknown("Log2Histogram", tag, wt, &mut buf));
         }
     }
     Ok(())
@@ -1339,7 +1482,7 @@ fn rtp_field(tag: u32, wt: u8, b: &mut &[u8], rtp: &mut RtpStats) -> Result<(), 
         8 => rtp.duplicate_packets = at("duplicate_packets", wt).u64(b)?,
         9 => rtp.marker_packets = at("marker_packets", wt).u64(b)?,
         10 => rtp.extended_highest_sequence = at("extended_highest_sequence", wt).u32(b)?,
-        _ => skip(tag, wt, b)?,
+        _ => return Err(unknown("RtpStats", tag, wt, b)),
     }
     Ok(())
 }
@@ -1351,6 +1494,7 @@ mod python {
     use std::os::raw::{c_int, c_void};
     use std::sync::{Mutex, PoisonError};
 
+    use pyo3::create_exception;
     use pyo3::exceptions::{PyRuntimeError, PyValueError};
     use pyo3::ffi;
     use pyo3::prelude::*;
@@ -1429,26 +1573,38 @@ mod python {
         }
     }
 
+    create_exception!(
+        arrowcodec,
+        PayloadError,
+        PyValueError,
+        "One payload is refused: `index` is its position in the call (set it aside and \
+         convert the others); the text names it and what is wrong."
+    );
+
     /// Decode Kafka payloads of cgloop.flows.v1 (each a FlowRecordBatch) into one Arrow IPC
     /// stream shaped like cgloop.flow_ingest, returned as a read-only memoryview. Raises
-    /// ValueError naming the bad payload's index.
+    /// PayloadError (a ValueError) with the bad payload's index.
     #[pyfunction]
+    #[pyo3(signature = (payloads, schema_versions=None))]
     fn flows_to_arrow<'py>(
         py: Python<'py>,
         payloads: Vec<PyBackedBytes>,
+        schema_versions: Option<Vec<u32>>,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
-        to_stream(py, &payloads, &FLOW_ENCODERS)
+        to_stream(py, &payloads, schema_versions, &FLOW_ENCODERS)
     }
 
     /// Decode Kafka payloads of cgloop.int.v1 (each an IntRecordBatch) into one Arrow IPC
     /// stream shaped like cgloop.int_ingest, returned as a read-only memoryview. Raises
-    /// ValueError naming the bad payload's index.
+    /// PayloadError (a ValueError) with the bad payload's index.
     #[pyfunction]
+    #[pyo3(signature = (payloads, schema_versions=None))]
     fn int_to_arrow<'py>(
         py: Python<'py>,
         payloads: Vec<PyBackedBytes>,
+        schema_versions: Option<Vec<u32>>,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
-        to_stream(py, &payloads, &INT_ENCODERS)
+        to_stream(py, &payloads, schema_versions, &INT_ENCODERS)
     }
 
     /// One call: an idle encoder of the kind and an idle stream buffer from the pools, the
@@ -1456,14 +1612,24 @@ mod python {
     fn to_stream<'py, C: Batch + Send>(
         py: Python<'py>,
         payloads: &[PyBackedBytes],
+        versions: Option<Vec<u32>>,
         encoders: &'static Mutex<Vec<Encoder<C>>>,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
+        if let Some(v) = &versions {
+            if v.len() != payloads.len() {
+                return Err(PyValueError::new_err(format!(
+                    "{} schema_versions for {} payloads: one a payload expected",
+                    v.len(),
+                    payloads.len()
+                )));
+            }
+        }
         // The whole conversion holds no Python object: other threads run meanwhile.
         let data = py
             .detach(|| {
                 let mut encoder = take(encoders).unwrap_or_default();
                 let mut out = take(&STREAMS).unwrap_or_default();
-                let written = encoder.encode_into(payloads, &mut out);
+                let written = encoder.encode_versioned(payloads, versions.as_deref(), &mut out);
                 give(encoders, encoder);
                 match written {
                     Ok(()) => Ok(out),
@@ -1473,21 +1639,29 @@ mod python {
                     }
                 }
             })
-            .map_err(to_py)?;
+            .map_err(|e| to_py(py, e))?;
         let stream = Bound::new(py, ArrowStream { data })?;
         PyMemoryView::from(stream.as_any())
     }
 
-    fn to_py(e: CodecError) -> PyErr {
-        match e {
-            CodecError::Arrow(_) => PyRuntimeError::new_err(e.to_string()),
-            _ => PyValueError::new_err(e.to_string()),
+    fn to_py(py: Python<'_>, e: CodecError) -> PyErr {
+        if let CodecError::Arrow(_) = e {
+            return PyRuntimeError::new_err(e.to_string());
+        }
+        let Some(index) = e.payload_index() else {
+            return PyValueError::new_err(e.to_string());
+        };
+        let err = PayloadError::new_err(e.to_string());
+        match err.value(py).setattr("index", index) {
+            Ok(()) => err,
+            Err(failed) => failed,
         }
     }
 
     #[pymodule]
     fn arrowcodec(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<ArrowStream>()?;
+        m.add("PayloadError", m.py().get_type::<PayloadError>())?;
         m.add_function(wrap_pyfunction!(flows_to_arrow, m)?)?;
         m.add_function(wrap_pyfunction!(int_to_arrow, m)?)?;
         Ok(())
@@ -1520,6 +1694,7 @@ mod tests {
                 .values
                 .extend(&gaps.buckets);
             let row = Row {
+                has_header: r.header.is_some(),
                 header_schema_version: h.schema_version,
                 header_source_id: h.source_id.as_bytes(),
                 header_sequence: h.sequence,
@@ -1560,6 +1735,38 @@ mod tests {
 
     fn encode(records: Vec<FlowRecord>) -> Vec<u8> {
         FlowRecordBatch { records }.encode_to_vec()
+    }
+
+    /// A header the strict checks accept (version 1, a source id).
+    fn header(sequence: u64) -> Option<RecordHeader> {
+        Some(RecordHeader {
+            schema_version: 1,
+            source_id: "s".into(),
+            sequence,
+            ..Default::default()
+        })
+    }
+
+    /// A record with nothing but its header.
+    fn bare() -> FlowRecord {
+        FlowRecord {
+            header: header(0),
+            ..Default::default()
+        }
+    }
+
+    /// Ours refused what prost accepts for a reason prost does not check: the strict decoder's
+    /// (a header, a version, a source id, records, no unknown field).
+    fn strict_refusal(e: &CodecError) -> bool {
+        matches!(
+            e,
+            CodecError::Refused { .. }
+                | CodecError::NoRecords { .. }
+                | CodecError::Decode {
+                    source: WireError::Unknown { .. },
+                    ..
+                }
+        )
     }
 
     fn read_stream(bytes: &[u8]) -> Vec<RecordBatch> {
@@ -1640,11 +1847,11 @@ mod tests {
     fn absent_parts_take_the_decoders_defaults() {
         let bare = FlowRecord {
             packets: 3,
-            ..Default::default()
+            ..bare()
         };
         let stream = flows_to_arrow(&[encode(vec![bare])]).expect("decodes");
         let b = &read_stream(&stream)[0];
-        assert_eq!(col(b, "header_source_id").as_string::<i32>().value(0), "");
+        assert_eq!(col(b, "header_source_id").as_string::<i32>().value(0), "s");
         assert_eq!(
             col(b, "header_sequence")
                 .as_primitive::<UInt64Type>()
@@ -1670,17 +1877,13 @@ mod tests {
     #[test]
     fn payloads_concatenate_in_order_with_repeated_histograms() {
         let rec = |seq: u64, buckets: Vec<u64>| FlowRecord {
-            header: Some(RecordHeader {
-                sequence: seq,
-                ..Default::default()
-            }),
+            header: header(seq),
             inter_arrival_histogram_ns: Some(Log2Histogram { buckets }),
             direction: Direction::Ingress as i32,
             ..Default::default()
         };
         let payloads = vec![
             encode(vec![rec(1, vec![1, 2, 3]), rec(2, vec![])]),
-            encode(vec![]),
             encode(vec![rec(3, vec![0, 0, 0, 0, 9])]),
         ];
         let b = flow_record_batch(&payloads).expect("decodes");
@@ -1714,10 +1917,16 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().ends_with("nearly empty records"), "{err}");
-        // The same records, fewer: within the floor, decoded (a small batch of empty records is
-        // odd, not dangerous).
+        // The same records, fewer: within the floor, decoded, and refused for what they lack
+        // (a small batch of empty records is odd, not dangerous).
         let few = [0x0a_u8, 0x00].repeat(1000);
-        assert!(flows_to_arrow(&[few]).is_ok());
+        assert!(matches!(
+            flows_to_arrow(&[few]),
+            Err(CodecError::Refused {
+                check: Check::NoHeader,
+                ..
+            })
+        ));
         // Real records are far below the factor: 100 000 sample records pass.
         let sample = samples::sample_flow_record_batch().encode_to_vec();
         assert!(flows_to_arrow(&vec![sample; 100_000]).is_ok());
@@ -1768,9 +1977,10 @@ mod tests {
 
     /// A payload written by hand with what protobuf encoders may send but prost's own encoder
     /// never writes: a nested message and a scalar twice (merged, the last scalar wins),
-    /// unpacked and packed buckets, a histogram twice (concatenated), unknown fields of every
-    /// wire type, a group among them, and an unknown field of the batch itself.
-    fn hand_written_payload() -> Vec<u8> {
+    /// unpacked and packed buckets, a histogram twice (concatenated); with `unknown`, unknown
+    /// fields of every wire type, a group among them, and an unknown field of the batch itself
+    /// (which prost skips and the strict decoder refuses).
+    fn hand_written_payload(unknown: bool) -> Vec<u8> {
         use prost::encoding::{encode_key, encode_varint, WireType::*};
         fn delimited(tag: u32, body: &[u8], out: &mut Vec<u8>) {
             encode_key(tag, LengthDelimited, out);
@@ -1779,6 +1989,7 @@ mod tests {
         }
         let mut r = Vec::new();
         let first = RecordHeader {
+            schema_version: 1,
             source_id: "a".into(),
             sequence: 1,
             ..Default::default()
@@ -1799,17 +2010,19 @@ mod tests {
         delimited(1, &[3, 4], &mut hist);
         delimited(18, &hist, &mut r);
         delimited(18, &hist, &mut r);
-        encode_key(99, Varint, &mut r);
-        encode_varint(300, &mut r);
-        delimited(100, b"xyz", &mut r);
-        encode_key(101, ThirtyTwoBit, &mut r);
-        r.extend_from_slice(&[1, 2, 3, 4]);
-        encode_key(102, SixtyFourBit, &mut r);
-        r.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
-        encode_key(103, StartGroup, &mut r);
-        encode_key(1, Varint, &mut r);
-        encode_varint(1, &mut r);
-        encode_key(103, EndGroup, &mut r);
+        if unknown {
+            encode_key(99, Varint, &mut r);
+            encode_varint(300, &mut r);
+            delimited(100, b"xyz", &mut r);
+            encode_key(101, ThirtyTwoBit, &mut r);
+            r.extend_from_slice(&[1, 2, 3, 4]);
+            encode_key(102, SixtyFourBit, &mut r);
+            r.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+            encode_key(103, StartGroup, &mut r);
+            encode_key(1, Varint, &mut r);
+            encode_varint(1, &mut r);
+            encode_key(103, EndGroup, &mut r);
+        }
         let tuple = FiveTuple {
             src_addr: vec![10, 0, 0, 1],
             src_port: 9,
@@ -1820,8 +2033,10 @@ mod tests {
         encode_varint(Direction::Egress as u64, &mut r);
         let mut batch = Vec::new();
         delimited(1, &r, &mut batch);
-        encode_key(5, Varint, &mut batch);
-        encode_varint(1, &mut batch);
+        if unknown {
+            encode_key(5, Varint, &mut batch);
+            encode_varint(1, &mut batch);
+        }
         batch
     }
 
@@ -1832,19 +2047,22 @@ mod tests {
         let sample = samples::sample_flow_record_batch().records[0].clone();
         let mut no_rtp = sample.clone();
         no_rtp.rtp = None;
-        no_rtp.header = None;
+        no_rtp.header = header(9);
         let mut no_tuple = sample.clone();
         no_tuple.five_tuple = None;
         no_tuple.size_histogram_bytes = None;
         no_tuple.interface_name.clear();
-        let payload = encode(vec![
-            sample.clone(),
-            no_rtp,
-            FlowRecord::default(),
-            no_tuple,
-            sample,
-        ]);
-        let odd = hand_written_payload();
+        let payload = encode(vec![sample.clone(), no_rtp, bare(), no_tuple, sample]);
+        let odd = hand_written_payload(false);
+        // prost skips unknown fields; the strict decoder (and so this codec) refuses them.
+        let unknown = [hand_written_payload(true)];
+        assert!(reference(&unknown).is_some());
+        let err = flow_record_batch(&unknown).expect_err("unknown fields");
+        assert!(
+            err.to_string()
+                .ends_with("(record 0): FlowRecord: unknown field 99"),
+            "{err}"
+        );
         let b = flow_record_batch(std::slice::from_ref(&odd)).expect("valid");
         assert_eq!(col(&b, "header_source_id").as_string::<i32>().value(0), "a");
         let seq = col(&b, "header_sequence").as_primitive::<UInt64Type>();
@@ -1873,6 +2091,7 @@ mod tests {
                         same += 1;
                     }
                     (Err(_), None) => rejected += 1,
+                    (Err(e), Some(_)) if strict_refusal(&e) => rejected += 1,
                     (got, want) => panic!("bit {bit}: {got:?} but prost gives {want:?}"),
                 }
             }
@@ -1886,6 +2105,7 @@ mod tests {
                 match (flow_record_batch(&payloads), reference(&payloads)) {
                     (Ok(got), Some(want)) => assert_eq!(got, want, "cut {cut}"),
                     (Err(_), None) => {}
+                    (Err(e), Some(_)) if strict_refusal(&e) => {}
                     (got, want) => panic!("cut {cut}: {got:?} but prost gives {want:?}"),
                 }
             }
@@ -1941,9 +2161,9 @@ mod tests {
     fn unknown_direction_is_an_error_not_a_row() {
         let bad = FlowRecord {
             direction: 7,
-            ..Default::default()
+            ..bare()
         };
-        let payload = encode(vec![FlowRecord::default(), bad]);
+        let payload = encode(vec![bare(), bad]);
         let err = flows_to_arrow(&[payload]).expect_err("unknown enum value");
         assert!(
             matches!(
@@ -1979,7 +2199,7 @@ mod tests {
         v6.interface_name = "veth-gw1-\u{fc}".into();
         let mut no_rtp = sample.clone();
         no_rtp.rtp = None;
-        no_rtp.header = None;
+        no_rtp.header = header(3);
         // 9 rows in the second payload: the boolean column spans two bytes.
         let many: Vec<FlowRecord> = (0..9u64)
             .map(|i| {
@@ -1989,11 +2209,7 @@ mod tests {
                 r
             })
             .collect();
-        vec![
-            encode(vec![sample, v6, FlowRecord::default(), no_rtp]),
-            encode(many),
-            encode(vec![]),
-        ]
+        vec![encode(vec![sample, v6, bare(), no_rtp]), encode(many)]
     }
 
     #[test]
@@ -2009,7 +2225,7 @@ mod tests {
     #[test]
     fn a_reused_encoder_keeps_nothing_of_the_previous_call() {
         let payloads = varied_payloads();
-        let small = [encode(vec![FlowRecord::default()])];
+        let small = [encode(vec![bare()])];
         let mut encoder = FlowEncoder::new();
         let mut out = Vec::new();
         encoder.encode_into(&payloads, &mut out).expect("decodes");
@@ -2033,5 +2249,86 @@ mod tests {
         assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
         let reader = StreamReader::try_new(&stream[..], None).expect("valid stream");
         assert_eq!(reader.schema().as_ref(), flow_schema().as_ref());
+    }
+
+    #[test]
+    fn records_the_strict_decoder_refuses_are_refused_naming_payload_and_record() {
+        use prost::encoding::{encode_key, encode_varint, WireType};
+        let good = encode(vec![bare(), bare()]);
+        let with = |r: FlowRecord| encode(vec![bare(), r]);
+        let unreadable = RecordHeader {
+            schema_version: 99,
+            source_id: "s".into(),
+            ..Default::default()
+        };
+        let anonymous = RecordHeader {
+            schema_version: 1,
+            ..Default::default()
+        };
+        let no_records = "payload 1: cgloop.v1.FlowRecordBatch with no records";
+        // The words after "payload 1: " are those of cgloop.bus.codec.decode_payload.
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                with(FlowRecord {
+                    header: None,
+                    ..bare()
+                }),
+                "payload 1: record 1 (FlowRecord): missing header",
+            ),
+            (
+                with(FlowRecord {
+                    header: Some(unreadable),
+                    ..bare()
+                }),
+                "payload 1: record 1 (FlowRecord): schema_version 99 not readable \
+                 (this build reads 1..1)",
+            ),
+            (
+                with(FlowRecord {
+                    header: Some(anonymous),
+                    ..bare()
+                }),
+                "payload 1: record 1 (FlowRecord): header has no source_id",
+            ),
+            (encode(vec![]), no_records),
+            (Vec::new(), no_records),
+        ];
+        for (bad, want) in cases {
+            let err = flows_to_arrow(&[good.clone(), bad, good.clone()]).expect_err(want);
+            assert_eq!(err.to_string(), want);
+            assert_eq!(err.payload_index(), Some(1));
+        }
+        // With the Kafka headers' versions, every record must carry its payload's.
+        let mut encoder = FlowEncoder::new();
+        let mut out = Vec::new();
+        encoder
+            .encode_versioned(std::slice::from_ref(&good), Some(&[1]), &mut out)
+            .expect("agrees");
+        let err = encoder
+            .encode_versioned(&[good.clone(), good.clone()], Some(&[1, 2]), &mut out)
+            .expect_err("disagrees");
+        assert_eq!(
+            err.to_string(),
+            "payload 1: record 0 (FlowRecord): schema_version 1 disagrees with the \
+             cgloop-schema-version header 2"
+        );
+        // An unknown field at any depth (here in the header), as the strict decoder.
+        let mut h = header(1).expect("a header").encode_to_vec();
+        encode_key(9, WireType::Varint, &mut h);
+        encode_varint(1, &mut h);
+        let mut r = Vec::new();
+        encode_key(1, WireType::LengthDelimited, &mut r);
+        encode_varint(h.len() as u64, &mut r);
+        r.extend_from_slice(&h);
+        let mut batch = Vec::new();
+        encode_key(1, WireType::LengthDelimited, &mut batch);
+        encode_varint(r.len() as u64, &mut batch);
+        batch.extend_from_slice(&r);
+        let err = flows_to_arrow(&[good, batch]).expect_err("unknown header field");
+        assert_eq!(err.payload_index(), Some(1));
+        assert!(
+            err.to_string().ends_with("RecordHeader: unknown field 9"),
+            "{err}"
+        );
     }
 }
