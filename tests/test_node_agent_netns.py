@@ -536,6 +536,47 @@ def test_bounds_idempotency_and_dry_run(lab):
             grpc.StatusCode.INVALID_ARGUMENT, "dst_port")
 
 
+def test_bounds_hold_for_chain_targets_cores_and_child_rates(lab):
+    """issue 17 finding 5: with `[bounds] interfaces` set to the lab's interface, a mirror to
+    `lo` was installed, a function pinned to core 9999 accepted, and a child class at
+    500 Mbit/s under a 100 Mbit/s parent applied. Each is refused by name, and nothing of it
+    reaches the kernel."""
+    stub = lab.stub()
+    apply(stub, lab)
+    basic, adv = na.FUNCTION_KIND_BASIC, na.FUNCTION_KIND_ADVANCED
+
+    def refused(action: str, req_fn, code: grpc.StatusCode, *needles: str) -> None:
+        with pytest.raises(grpc.RpcError) as err:
+            req_fn(action)
+        assert err.value.code() == code, err.value.details()
+        for needle in needles:
+            assert needle in err.value.details(), err.value.details()
+
+    for target in ("lo", lab.if_b):  # lo, and an interface of the other namespace's name
+        refused(f"m-{target}", lambda a, t=target: stub.SetChain(na.SetChainRequest(
+            action_id=a, chain=chain("gaming", ("mirror", basic, {"interface": t}))), timeout=10),
+            grpc.StatusCode.PERMISSION_DENIED, f'interface "{target}"', lab.if_a)
+    pinned = chain("gaming", ("dpi", adv, {"pattern": "x", "dscp": "1"}))
+    pinned.functions[0].core = 9999
+    refused("core", lambda a: stub.SetChain(na.SetChainRequest(action_id=a, chain=pinned),
+                                            timeout=10),
+            grpc.StatusCode.INVALID_ARGUMENT, "core 9999")
+    assert not stub.GetState(na.GetStateRequest(), timeout=10).state.chains, "a chain went in"
+
+    fast = hierarchy(lab.if_a)
+    fast.classes[2].rate_bps = fast.classes[2].ceil_bps = 500_000_000  # gaming, under 100M
+    refused("fast", lambda a: stub.ApplyQueueHierarchy(na.ApplyQueueHierarchyRequest(
+        action_id=a, hierarchy=fast), timeout=10),
+            grpc.StatusCode.INVALID_ARGUMENT, "gaming", "500000000", "100000000")
+    refused("fast-rate", lambda a: stub.SetClassRate(na.SetClassRateRequest(
+        action_id=a, interface_name=lab.if_a, class_id=GAMING, rate_bps=500_000_000,
+        ceil_bps=500_000_000), timeout=10),
+            grpc.StatusCode.INVALID_ARGUMENT, "500000000", "100000000")
+    gaming = next(c for c in stub.GetState(na.GetStateRequest(), timeout=10).state.queues[0]
+                  .classes if c.class_id == GAMING)
+    assert gaming.ceil_bps == 100_000_000, "the kernel got the faster class"
+
+
 def test_mutual_tls_refuses_clients_without_a_lab_certificate(lab, tmp_path):
     no_cert = lab.stub(lab.credentials(with_client_cert=False))
     with pytest.raises(grpc.RpcError) as err:

@@ -7,6 +7,7 @@ import itertools
 import os
 import select
 import socket
+import struct
 import subprocess
 import time
 import uuid
@@ -176,3 +177,37 @@ def test_node_samples_reach_kafka(stack_settings, tmp_path: Path) -> None:
         for a, b in itertools.pairwise(samples)
     ]
     assert all(50 <= g <= 1000 for g in gaps), gaps
+
+
+def _probe_request(seq: int, length: int = 60) -> bytes:
+    """A probe request as the agent's prober writes it (docs/node-agent.md, Reflector)."""
+    header = struct.pack("!4sBBHIQQ", b"cglp", 1, 0, length, 0xFEED, seq, time.time_ns())
+    return header.ljust(length, b"\0")
+
+
+def test_reflector_answers_probe_requests_only_and_defaults_to_loopback() -> None:
+    """issue 17 finding 3: the reflector echoed any payload (two of them and one datagram made
+    263,754 datagrams in 2 s) and listened on every interface by default."""
+    binary = str(find_binary("cgloop-node-agent", prefer_release=False))
+    usage = subprocess.run([binary, "reflect", "--help"], capture_output=True, text=True).stdout
+    assert "[default: 127.0.0.1:7799]" in usage, usage
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _start([binary, "reflect", "--listen", f"127.0.0.1:{port}"], "reflecting")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+            c.settimeout(0.5)
+            c.connect(("127.0.0.1", port))
+            request = _probe_request(7)
+            reply = request[:5] + b"\x01" + request[6:]
+            for unanswered in (b"hello", b"\0" * 64, reply, request[:40]):
+                c.send(unanswered)
+            c.send(request)
+            got = c.recv(2048)
+            assert got == reply, "the first answer is the reply to the request, flagged"
+            with pytest.raises(TimeoutError):
+                c.recv(2048)
+    finally:
+        proc.kill()
+        proc.wait(10)

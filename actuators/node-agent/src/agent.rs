@@ -11,6 +11,7 @@ use cgloop_proto::v1::*;
 use prost::Message;
 use tokio::sync::watch;
 
+use crate::bounds::Guard;
 use crate::chains::{self, Interfaces};
 use crate::config::Config;
 use crate::datapath::{self, Datapath, FlowKey, FlowRule, KEEP};
@@ -134,6 +135,18 @@ fn kernel<E: Into<anyhow::Error>>(what: &str) -> impl FnOnce(E) -> AgentError + 
     move |e| AgentError::Kernel(e.into().context(what.to_string()))
 }
 
+/// Every refused or failed change is logged (a refusal of the bounds is what an operator
+/// looks for when the loop misbehaves or someone probes the agent).
+fn refused(method: &str, action_id: &str, e: &AgentError) {
+    match e {
+        AgentError::Kernel(_) => tracing::error!(method, action_id, "failed: {e}"),
+        AgentError::Forbidden(_) | AgentError::OutOfBounds(_) => {
+            tracing::warn!(method, action_id, "refused by the bounds: {e}")
+        }
+        _ => tracing::warn!(method, action_id, "refused: {e}"),
+    }
+}
+
 fn require_action_id(id: &str) -> AgentResult<()> {
     if id.is_empty() {
         invalid!("action_id is empty: every change needs an idempotency key");
@@ -186,16 +199,14 @@ fn strip_counters_rule(r: &FlowClassRule) -> FlowClassRule {
 }
 
 impl Inner {
-    fn check_interface(&self, name: &str) -> AgentResult<u32> {
-        if name.is_empty() {
-            invalid!("interface_name is empty");
-        }
-        if !self.config.bounds.interface_allowed(name) {
-            return Err(AgentError::Forbidden(format!(
-                "interface {name:?} is not in the agent's allowed interfaces {:?}",
-                self.config.bounds.interfaces
-            )));
-        }
+    /// The bounds of this agent (every request path checks through it).
+    fn guard(&self) -> Guard<'_> {
+        Guard::new(&self.config.bounds)
+    }
+
+    /// An interface a request names (`field`), within the bounds; its ifindex.
+    fn check_interface(&self, field: &str, name: &str) -> AgentResult<u32> {
+        self.guard().interface(field, name)?;
         ifindex(name)
     }
 
@@ -220,7 +231,7 @@ impl Inner {
     // --- queues -------------------------------------------------------------------------
 
     fn apply_hierarchy(&mut self, h: &QueueHierarchy, dry: bool) -> AgentResult<Applied> {
-        let ifindex = self.check_interface(&h.interface_name)?;
+        let ifindex = self.check_interface("hierarchy.interface_name", &h.interface_name)?;
         let ordered = queues::validate(h, &self.config.bounds)?;
         let iface = h.interface_name.clone();
         // Flow and DSCP rules must keep pointing at leaves.
@@ -321,19 +332,20 @@ impl Inner {
     }
 
     fn set_class_rate(&mut self, r: &SetClassRateRequest, dry: bool) -> AgentResult<(Applied, HtbClass, HtbClass)> {
-        let ifindex = self.check_interface(&r.interface_name)?;
+        let ifindex = self.check_interface("interface_name", &r.interface_name)?;
         let h = self.hierarchy(&r.interface_name)?.clone();
         let Some(class) = h.classes.iter().find(|c| c.class_id == r.class_id) else {
             return Err(queues::not_found_class(&r.interface_name, r.class_id));
         };
-        let b = &self.config.bounds;
-        for (what, v) in [("rate_bps", r.rate_bps), ("ceil_bps", r.ceil_bps)] {
-            if v < b.min_rate_bps || v > b.max_rate_bps {
-                out_of_bounds!("{what} {v} is outside the bounds {}..{}", b.min_rate_bps, b.max_rate_bps);
+        {
+            // The hierarchy as it would be: the same checks as a whole hierarchy (bounds, the
+            // parent's ceil over this class, this class's ceil over its children).
+            let mut changed = h.clone();
+            for c in changed.classes.iter_mut().filter(|c| c.class_id == r.class_id) {
+                c.rate_bps = r.rate_bps;
+                c.ceil_bps = r.ceil_bps;
             }
-        }
-        if r.ceil_bps < r.rate_bps {
-            invalid!("ceil_bps {} is below rate_bps {}", r.ceil_bps, r.rate_bps);
+            queues::validate(&changed, &self.config.bounds)?;
         }
         let previous = self
             .read_hierarchy(&r.interface_name)?
@@ -365,7 +377,7 @@ impl Inner {
     // --- flows --------------------------------------------------------------------------
 
     fn set_flow_class(&mut self, rule: &FlowClassRule, dry: bool) -> AgentResult<(Applied, Option<FlowClassRule>)> {
-        let ifindex = self.check_interface(&rule.interface_name)?;
+        let ifindex = self.check_interface("rule.interface_name", &rule.interface_name)?;
         let iface = rule.interface_name.clone();
         if rule.class_id != 0 {
             let h = self.hierarchy(&iface)?;
@@ -445,7 +457,7 @@ impl Inner {
     }
 
     fn set_chain(&mut self, chain: &ServiceChain, dry: bool) -> AgentResult<(Applied, Option<ServiceChain>)> {
-        let compiled = chains::compile(chain, self.config.bounds.max_chain_functions, &Ifs)?;
+        let compiled = chains::compile(chain, &self.guard(), &Ifs)?;
         let targets = self.class_targets(&chain.traffic_class);
         if targets.is_empty() && !chain.functions.is_empty() {
             return Err(AgentError::Precondition(format!(
@@ -550,7 +562,7 @@ impl Inner {
     // --- impairments --------------------------------------------------------------------
 
     fn set_impairment(&mut self, imp: &Impairment, dry: bool) -> AgentResult<(Applied, Option<Impairment>)> {
-        let ifindex = self.check_interface(&imp.interface_name)?;
+        let ifindex = self.check_interface("impairment.interface_name", &imp.interface_name)?;
         let Some(flow) = &imp.flow else { invalid!("impairment.flow is missing") };
         let bpf_key = five_tuple_key(ifindex, flow)?;
         let f = imp.drop_fraction;
@@ -819,7 +831,7 @@ impl Agent {
         apply: impl FnOnce(&mut Inner, bool) -> AgentResult<(Applied, Resp)>,
     ) -> AgentResult<Resp> {
         let started = Instant::now();
-        require_action_id(req.action_id())?;
+        require_action_id(req.action_id()).inspect_err(|e| refused(Req::METHOD, "", e))?;
         if let Some(e) = self.commit.error() {
             // A change the journal cannot hold would silently vanish on restart.
             return Err(AgentError::Kernel(anyhow::anyhow!(
@@ -844,7 +856,7 @@ impl Agent {
             Replay::Conflict(msg) => return Err(AgentError::Conflict(msg)),
             Replay::New => {}
         }
-        let (applied, mut resp) = apply(&mut inner, dry)?;
+        let (applied, mut resp) = apply(&mut inner, dry).inspect_err(|e| refused(Req::METHOD, req.action_id(), e))?;
         *resp.outcome_mut() = Some(outcome(&applied, dry, started));
         if dry {
             return Ok(resp);
@@ -885,7 +897,7 @@ impl Agent {
     pub fn apply_queue_hierarchy(&self, req: &ApplyQueueHierarchyRequest) -> AgentResult<ApplyQueueHierarchyResponse> {
         self.mutate(req, |inner, dry| {
             let Some(h) = &req.hierarchy else { invalid!("hierarchy is missing") };
-            let previous = match inner.check_interface(&h.interface_name) {
+            let previous = match inner.check_interface("hierarchy.interface_name", &h.interface_name) {
                 Ok(_) => inner.read_hierarchy(&h.interface_name)?,
                 Err(e) => return Err(e),
             };
@@ -929,6 +941,7 @@ impl Agent {
     pub fn set_power_policy(&self, req: &SetPowerPolicyRequest) -> AgentResult<SetPowerPolicyResponse> {
         self.mutate(req, |inner, dry| {
             let Some(policy) = &req.policy else { invalid!("policy is missing") };
+            inner.guard().cores("policy.cores", &policy.cores)?;
             let (applied, previous) = inner.power.apply(policy, dry)?;
             if !dry {
                 inner.desired.power = inner.power.policies();

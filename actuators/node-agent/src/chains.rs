@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use cgloop_proto::v1::{ChainFunction, FunctionKind, ServiceChain};
 
+use crate::bounds::Guard;
 use crate::datapath::{Chain, ChainFn, FnKind, KEEP, MAX_CHAIN_FNS};
 use crate::error::{AgentError, AgentResult};
 use crate::invalid;
@@ -52,19 +53,13 @@ pub struct Compiled {
     pub advanced: Vec<crate::advanced::AdvFn>,
 }
 
-/// Checks a chain against the catalogue and CALVIN, and builds its datapath form.
-pub fn compile(chain: &ServiceChain, max_fns: usize, ifs: &dyn Interfaces) -> AgentResult<Compiled> {
+/// Checks a chain against the bounds (every interface, core and rate its functions name), the
+/// catalogue and CALVIN, and builds its datapath form.
+pub fn compile(chain: &ServiceChain, guard: &Guard, ifs: &dyn Interfaces) -> AgentResult<Compiled> {
     if chain.traffic_class.is_empty() {
         invalid!("chain.traffic_class is empty: name the HTB class the chain serves");
     }
-    if chain.functions.len() > max_fns.min(MAX_CHAIN_FNS) {
-        return Err(AgentError::OutOfBounds(format!(
-            "chain {} has {} functions; the bound is {}",
-            chain.chain_id,
-            chain.functions.len(),
-            max_fns.min(MAX_CHAIN_FNS)
-        )));
-    }
+    guard.chain(chain)?;
     let mut out = Chain { len: chain.functions.len() as u32, ..Default::default() };
     let mut advanced = Vec::new();
     for (pos, f) in chain.functions.iter().enumerate() {
@@ -195,7 +190,8 @@ fn function_params(
             let Some(name) = f.params.get("interface") else {
                 invalid!("chain function #{pos} mirror: parameter interface is required");
             };
-            out.a = ifs.ifindex(name)?;
+            // Within the bounds: Guard::chain checked it before any function was built.
+            out.a = ifs.ifindex(name.trim())?;
         }
         FnKind::ToUser => {}
     }
@@ -252,6 +248,7 @@ pub fn decompile(chain: &Chain, ifs: &dyn Interfaces) -> Vec<ChainFunction> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Bounds;
 
     struct NoIfs;
     impl Interfaces for NoIfs {
@@ -265,6 +262,13 @@ mod tests {
         fn name(&self, ifindex: u32) -> String {
             if ifindex == 7 { "mon0".into() } else { format!("if{ifindex}") }
         }
+    }
+
+    static ANY: std::sync::LazyLock<Bounds> = std::sync::LazyLock::new(Bounds::default);
+
+    /// The default bounds (any interface, 8 functions) on a two-core machine.
+    fn any() -> Guard<'static> {
+        Guard::with_cpus(&ANY, vec![0, 1])
     }
 
     fn func(name: &str, kind: FunctionKind, params: &[(&str, &str)]) -> ChainFunction {
@@ -283,7 +287,7 @@ mod tests {
     #[test]
     fn payload_function_in_bpf_is_refused_by_calvin() {
         let c = chain(vec![func("encrypt", FunctionKind::Basic, &[])]);
-        let err = compile(&c, 8, &NoIfs).err().expect("refused");
+        let err = compile(&c, &any(), &NoIfs).err().expect("refused");
         assert!(matches!(err, AgentError::Invalid(_)));
         assert!(err.to_string().contains("CALVIN"), "{err}");
     }
@@ -291,26 +295,26 @@ mod tests {
     #[test]
     fn header_function_is_never_moved_to_user_space() {
         let c = chain(vec![func("acl", FunctionKind::Advanced, &[])]);
-        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("CALVIN"));
+        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("CALVIN"));
     }
 
     #[test]
     fn advanced_function_without_an_implementation_says_so() {
         let c = chain(vec![func("transcode", FunctionKind::Advanced, &[])]);
-        assert!(matches!(compile(&c, 8, &NoIfs).err(), Some(AgentError::Unimplemented(_))));
+        assert!(matches!(compile(&c, &any(), &NoIfs).err(), Some(AgentError::Unimplemented(_))));
     }
 
     #[test]
     fn advanced_suffix_goes_to_user_space_after_the_basic_prefix() {
         let dpi = func("dpi", FunctionKind::Advanced, &[("pattern", "GAME"), ("dscp", "46")]);
         let acl = func("acl", FunctionKind::Basic, &[("proto", "6")]);
-        let compiled = compile(&chain(vec![acl.clone(), dpi.clone()]), 8, &NoIfs).unwrap();
+        let compiled = compile(&chain(vec![acl.clone(), dpi.clone()]), &any(), &NoIfs).unwrap();
         assert_eq!(compiled.bpf.len, 2);
         assert_eq!(compiled.bpf.fns[1].kind, FnKind::ToUser as u32);
         assert_eq!(compiled.advanced.len(), 1);
         assert_eq!(compiled.advanced[0].name, "dpi");
         // A basic function after an advanced one would have to come back to BPF: refused.
-        let err = compile(&chain(vec![dpi, acl]), 8, &NoIfs).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = compile(&chain(vec![dpi, acl]), &any(), &NoIfs).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("CALVIN") && err.contains("follows an advanced"), "{err}");
     }
 
@@ -323,7 +327,7 @@ mod tests {
             func("mirror", FunctionKind::Basic, &[("interface", "mon0")]),
             func("forward", FunctionKind::Elementary, &[]),
         ]);
-        let compiled = compile(&c, 8, &NoIfs).unwrap().bpf;
+        let compiled = compile(&c, &any(), &NoIfs).unwrap().bpf;
         assert_eq!(compiled.len, 5);
         let back = decompile(&compiled, &NoIfs);
         let names: Vec<_> = back.iter().map(|f| f.name.as_str()).collect();
@@ -335,15 +339,39 @@ mod tests {
         assert_eq!(back[3].params["interface"], "mon0");
     }
 
+    /// issue 17 finding 5: with `[bounds] interfaces = ["rt0"]` a mirror to `lo` (or to
+    /// another interface the node has) compiled and was installed.
+    #[test]
+    fn a_mirror_outside_the_interface_bounds_is_forbidden() {
+        let rt0 = Bounds { interfaces: vec!["rt0".into()], ..Bounds::default() };
+        let guard = Guard::with_cpus(&rt0, vec![0, 1]);
+        for target in ["lo", "mon0"] {
+            let c = chain(vec![func("mirror", FunctionKind::Basic, &[("interface", target)])]);
+            let err = compile(&c, &guard, &NoIfs).err().expect("refused");
+            assert!(matches!(err, AgentError::Forbidden(_)), "{target}: {err:?}");
+            assert!(err.to_string().contains(&format!("interface \"{target}\"")), "{err}");
+        }
+    }
+
+    /// issue 17 finding 5: an advanced function pinned to core 9999 was accepted.
+    #[test]
+    fn a_function_pinned_to_a_missing_core_is_refused() {
+        let mut dpi = func("dpi", FunctionKind::Advanced, &[("pattern", "GAME"), ("dscp", "46")]);
+        dpi.core = 9999;
+        let err = compile(&chain(vec![dpi]), &any(), &NoIfs).err().expect("refused");
+        assert!(matches!(err, AgentError::Invalid(_)), "{err:?}");
+        assert!(err.to_string().contains("core 9999"), "{err}");
+    }
+
     #[test]
     fn bad_parameters_are_named() {
         let c = chain(vec![func("mark", FunctionKind::Basic, &[("dscp", "64")])]);
-        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("dscp 64"));
+        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("dscp 64"));
         let c = chain(vec![func("acl", FunctionKind::Basic, &[("port", "1")])]);
-        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("\"port\""));
+        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("\"port\""));
         let c = chain(vec![func("rate_limit", FunctionKind::Basic, &[("rate_bps", "x1")])]);
-        assert!(compile(&c, 8, &NoIfs).err().expect("refused").to_string().contains("rate_bps"));
+        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("rate_bps"));
         let c = chain(vec![func("forward", FunctionKind::Basic, &[]); 9]);
-        assert!(matches!(compile(&c, 8, &NoIfs).err().expect("refused"), AgentError::OutOfBounds(_)));
+        assert!(matches!(compile(&c, &any(), &NoIfs).err().expect("refused"), AgentError::OutOfBounds(_)));
     }
 }

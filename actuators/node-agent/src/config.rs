@@ -6,11 +6,16 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 
 /// Limits that no request may exceed, whoever sends it (the policy engine can be wrong).
+/// Enforced by `crate::bounds::Guard`, which every request path calls.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Bounds {
-    /// Interfaces the agent may touch; `["*"]` allows any.
+    /// Interfaces the agent may touch, wherever a request names one (queues, flow rules,
+    /// impairments, chain function targets such as a mirror's); `["*"]` allows any.
     pub interfaces: Vec<String>,
+    /// Cores a request may name (chain functions, power policies); empty allows every online
+    /// core. A core must be online on the node either way.
+    pub cores: Vec<u32>,
     pub min_rate_bps: u64,
     pub max_rate_bps: u64,
     pub max_burst_bytes: u32,
@@ -30,6 +35,7 @@ impl Default for Bounds {
     fn default() -> Self {
         Self {
             interfaces: vec!["*".into()],
+            cores: Vec::new(),
             min_rate_bps: 8_000,
             max_rate_bps: 100_000_000_000,
             max_burst_bytes: 64 * 1024 * 1024,
@@ -43,12 +49,6 @@ impl Default for Bounds {
             max_probes: 32,
             max_probe_bytes: 1472,
         }
-    }
-}
-
-impl Bounds {
-    pub fn interface_allowed(&self, name: &str) -> bool {
-        self.interfaces.iter().any(|i| i == "*" || i == name)
     }
 }
 

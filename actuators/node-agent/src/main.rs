@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use cgloop_node_agent::agent::Agent;
 use cgloop_node_agent::config::Config;
 use cgloop_node_agent::power_glue::Power;
-use cgloop_node_agent::probes::{self, Probes};
+use cgloop_node_agent::probes::Probes;
+use cgloop_node_agent::reflect::{ReflectOptions, Reflector};
 use cgloop_node_agent::service::Service;
 use cgloop_node_agent::{export, tls};
 use cgloop_proto::v1::node_agent_service_server::NodeAgentServiceServer;
@@ -60,10 +61,16 @@ enum Command {
         #[arg(long, default_value = "policy-engine")]
         client_name: String,
     },
-    /// Echo UDP probes back to their sender (the far end of active probes).
+    /// Answer the agent's UDP probes (the far end of active probes). Only probe requests are
+    /// answered, never another reflector's reply.
     Reflect {
-        #[arg(long, default_value = "0.0.0.0:7799")]
+        /// Address to answer on: loopback unless set (e.g. 0.0.0.0:7799 or the client's
+        /// address, for probes from the edge node).
+        #[arg(long, default_value = "127.0.0.1:7799")]
         listen: SocketAddr,
+        /// Replies per second at most (0: no cap); the excess is dropped and counted.
+        #[arg(long, default_value_t = ReflectOptions::default().max_replies_per_s)]
+        max_replies_per_s: u32,
     },
 }
 
@@ -75,10 +82,12 @@ fn main() -> Result<()> {
             println!("lab certificates written to {}", out.display());
             Ok(())
         }
-        Command::Reflect { listen } => {
-            println!("reflecting UDP probes on {listen}");
-            probes::reflect(listen, Arc::new(AtomicBool::new(false)))
-                .with_context(|| format!("reflector on {listen}"))
+        Command::Reflect { listen, max_replies_per_s } => {
+            let reflector = Reflector::bind(listen, ReflectOptions { max_replies_per_s })
+                .with_context(|| format!("reflector on {listen}"))?;
+            // Tests and scripts wait for this line.
+            println!("reflecting UDP probes on {}", reflector.local_addr()?);
+            reflector.run(&AtomicBool::new(false)).with_context(|| format!("reflector on {listen}"))
         }
         Command::Serve { config, listen, tls_dir, journal, node_id, dry_run, kafka } => {
             let mut config = match config {

@@ -1,6 +1,7 @@
 //! Active probes: UDP echo with sequence numbers and send timestamps at randomised intervals
 //! (domain.md §6: periodic probes alias with periodic interference), answered by a cgloop
-//! reflector (`cgloop-node-agent reflect`). Each probe becomes a ProbeRecord; the session keeps
+//! reflector (`cgloop-node-agent reflect`, crate::reflect, which also has the packet layout).
+//! Each probe becomes a ProbeRecord; the session keeps
 //! RTT percentiles for GetState.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -18,11 +19,9 @@ use rand::RngExt;
 use crate::agent::now_ns;
 use crate::config::Bounds;
 use crate::error::{AgentError, AgentResult};
+use crate::reflect::{self, HEADER_BYTES};
 use crate::{invalid, out_of_bounds};
 
-/// Probe payload: magic, session tag, sequence, send time (ns since the epoch).
-const MAGIC: u32 = 0x6367_6c70; // "cglp"
-const HEADER_BYTES: usize = 4 + 4 + 8 + 8;
 /// IPv4 + UDP header bytes in front of the payload (the spec's packet_bytes is the IP length).
 const IP_UDP_V4: usize = 28;
 const IP_UDP_V6: usize = 48;
@@ -268,10 +267,7 @@ impl Runner {
             let now = Instant::now();
             if now >= next_send {
                 let sent_ns = now_ns();
-                packet[0..4].copy_from_slice(&MAGIC.to_be_bytes());
-                packet[4..8].copy_from_slice(&tag.to_be_bytes());
-                packet[8..16].copy_from_slice(&seq.to_be_bytes());
-                packet[16..24].copy_from_slice(&sent_ns.to_be_bytes());
+                reflect::write_request(&mut packet, tag, seq, sent_ns);
                 if self.socket.send(&packet).is_ok() {
                     in_flight.insert(seq, (now, sent_ns, false));
                     self.stats.lock().unwrap_or_else(|p| p.into_inner()).sent += 1;
@@ -299,11 +295,8 @@ impl Runner {
             if let Ok(n) = self.socket.recv(&mut buf) {
                 let received_ns = now_ns();
                 let at = Instant::now();
-                if n >= HEADER_BYTES
-                    && buf[0..4] == MAGIC.to_be_bytes()
-                    && buf[4..8] == tag.to_be_bytes()
-                {
-                    let s = u64::from_be_bytes(buf[8..16].try_into().unwrap_or_default());
+                // Only a reflector's reply to this session counts (not an echo of the request).
+                if let Some(s) = reflect::reply_sequence(&buf[..n], tag) {
                     if let Some((sent_at, sent_ns, _)) = in_flight.remove(&s) {
                         let rtt = at.duration_since(sent_at).as_nanos() as u64;
                         {
@@ -393,23 +386,6 @@ impl Runner {
         };
         let _ = sink.send(record);
     }
-}
-
-/// Echoes every datagram back to its sender (the far end of UDP echo probes).
-pub fn reflect(listen: SocketAddr, stop: Arc<AtomicBool>) -> std::io::Result<()> {
-    let socket = UdpSocket::bind(listen)?;
-    socket.set_read_timeout(Some(Duration::from_millis(100)))?;
-    let mut buf = vec![0u8; 65536];
-    while !stop.load(Ordering::Relaxed) {
-        match socket.recv_from(&mut buf) {
-            Ok((n, from)) => {
-                let _ = socket.send_to(&buf[..n], from);
-            }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -504,7 +480,7 @@ mod tests {
         let port = probe.local_addr().unwrap().port();
         drop(probe);
         let s2 = stop.clone();
-        let reflector = std::thread::spawn(move || reflect(([127, 0, 0, 1], port).into(), s2));
+        let reflector = std::thread::spawn(move || reflect::reflect(([127, 0, 0, 1], port).into(), s2));
         std::thread::sleep(Duration::from_millis(50));
         let (tx, rx) = mpsc::channel();
         let mut probes = Probes::new("test".into(), Some(tx));

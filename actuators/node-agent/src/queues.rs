@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cgloop_proto::v1::{HtbClass, QueueHierarchy};
 
+use crate::bounds::Guard;
 use crate::config::Bounds;
 use crate::error::{AgentError, AgentResult};
 use crate::tc::{handle_str, ClassSpec, KernelClass, KernelHtbRoot};
@@ -51,19 +52,6 @@ pub fn validate(h: &QueueHierarchy, bounds: &Bounds) -> AgentResult<Vec<(usize, 
         if by_id.insert(c.class_id, c).is_some() {
             invalid!("class_id {id} is used twice");
         }
-        for (what, v) in [("rate_bps", c.rate_bps), ("ceil_bps", c.ceil_bps)] {
-            if v < bounds.min_rate_bps || v > bounds.max_rate_bps {
-                out_of_bounds!(
-                    "class {} ({id}): {what} {v} is outside the bounds {}..{}",
-                    c.name,
-                    bounds.min_rate_bps,
-                    bounds.max_rate_bps
-                );
-            }
-        }
-        if c.ceil_bps < c.rate_bps {
-            invalid!("class {} ({id}): ceil_bps {} is below rate_bps {}", c.name, c.ceil_bps, c.rate_bps);
-        }
         if c.priority > 7 {
             invalid!("class {} ({id}): priority {} is not within 0..7", c.name, c.priority);
         }
@@ -91,6 +79,8 @@ pub fn validate(h: &QueueHierarchy, bounds: &Bounds) -> AgentResult<Vec<(usize, 
         out.push((depth, c.clone()));
     }
     out.sort_by_key(|(d, c)| (*d, c.class_id));
+    // Rates within the bounds and under each parent's ceil (once the tree is known sound).
+    Guard::new(bounds).hierarchy_rates(h)?;
     let parents: BTreeSet<u32> = h.classes.iter().map(|c| c.parent_class_id).collect();
     let default = h.default_class_id;
     match by_id.get(&default) {
@@ -297,6 +287,17 @@ mod tests {
         let mut t = tree();
         t.classes[1].ceil_bps = 1_000_000;
         assert!(validate(&t, &b).unwrap_err().to_string().contains("ceil_bps"));
+    }
+
+    /// issue 17 finding 5: a child class at 500 Mbit/s under a 100 Mbit/s parent was accepted.
+    #[test]
+    fn a_child_class_faster_than_its_parent_is_refused() {
+        let mut t = tree();
+        t.classes[1].rate_bps = 500_000_000;
+        t.classes[1].ceil_bps = 500_000_000;
+        let e = validate(&t, &Bounds::default()).unwrap_err();
+        assert!(matches!(e, AgentError::Invalid(_)), "{e:?}");
+        assert!(e.to_string().contains("class gaming (1:10): rate_bps 500000000 exceeds"), "{e}");
     }
 
     #[test]

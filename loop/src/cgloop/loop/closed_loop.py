@@ -163,9 +163,11 @@ class ClosedLoop:
         ])
         s.wait_for(agent, s.log_says(agent, "listening on"), 30)
         for t in p.targets if self.lab is not None else []:
-            # On real interfaces the clients run `cgloop-node-agent reflect` themselves.
+            # On real interfaces the clients run `cgloop-node-agent reflect` themselves. The
+            # reflector listens on loopback unless told: here, the client's lab address, the
+            # one the probes target.
             s.spawn_lab(t.client, f"reflector-{t.client}", [
-                str(agent_binary()), "reflect", "--listen", f"0.0.0.0:{REFLECT_PORT}",
+                str(agent_binary()), "reflect", "--listen", f"{t.address}:{REFLECT_PORT}",
             ])
         creds = grpc.ssl_channel_credentials(
             root_certificates=(self.certs / "ca.pem").read_bytes(),

@@ -1,0 +1,328 @@
+//! Every check of a request against the configured `[bounds]`, in one place: the interfaces,
+//! cores and rates a request names, whichever request and function names them. Request
+//! handlers call a [`Guard`] before they touch anything; a refusal names the field and the
+//! bound, and the agent logs it (`Agent::mutate`).
+
+use std::cell::OnceCell;
+use std::collections::BTreeMap;
+
+use cgloop_proto::v1::{ChainFunction, QueueHierarchy, ServiceChain};
+
+use crate::config::Bounds;
+use crate::error::{AgentError, AgentResult};
+use crate::tc::handle_str;
+use crate::{invalid, out_of_bounds};
+
+/// Where the kernel lists the online CPUs ("0-3,6").
+const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
+
+/// Chain function parameters that name an interface: `interface` (mirror) and any
+/// `*_interface` a function may take later (redirect targets), so no new function can name an
+/// interface the bounds have not seen.
+fn names_interface(key: &str) -> bool {
+    key == "interface" || key.ends_with("_interface") || key == "redirect"
+}
+
+/// Chain function parameters that are rates in bit/s.
+fn names_rate(key: &str) -> bool {
+    key == "rate_bps" || key.ends_with("_rate_bps")
+}
+
+/// The bounds plus what the machine has (its online CPUs, read when a core is checked).
+pub struct Guard<'a> {
+    bounds: &'a Bounds,
+    cpus: OnceCell<Vec<u32>>,
+}
+
+impl<'a> Guard<'a> {
+    pub fn new(bounds: &'a Bounds) -> Self {
+        Self { bounds, cpus: OnceCell::new() }
+    }
+
+    /// A guard for a machine with these CPUs (tests).
+    pub fn with_cpus(bounds: &'a Bounds, cpus: Vec<u32>) -> Self {
+        Self { bounds, cpus: OnceCell::from(cpus) }
+    }
+
+    pub fn bounds(&self) -> &Bounds {
+        self.bounds
+    }
+
+    fn cpus(&self) -> &[u32] {
+        self.cpus.get_or_init(online_cpus)
+    }
+
+    /// An interface the request names: in `[bounds] interfaces` (or `"*"`).
+    pub fn interface(&self, field: &str, name: &str) -> AgentResult<()> {
+        if name.is_empty() {
+            invalid!("{field} is empty: name an interface");
+        }
+        if !self.bounds.interfaces.iter().any(|i| i == "*" || i == name) {
+            return Err(AgentError::Forbidden(format!(
+                "{field}: interface {name:?} is not in the agent's [bounds] interfaces {:?}",
+                self.bounds.interfaces
+            )));
+        }
+        Ok(())
+    }
+
+    /// A core the request names: online on this machine and in `[bounds] cores` when set.
+    pub fn core(&self, field: &str, core: u32) -> AgentResult<()> {
+        if !self.cpus().contains(&core) {
+            invalid!(
+                "{field}: core {core} does not exist on this node (online CPUs: {})",
+                cpu_list(self.cpus())
+            );
+        }
+        if !self.bounds.cores.is_empty() && !self.bounds.cores.contains(&core) {
+            return Err(AgentError::Forbidden(format!(
+                "{field}: core {core} is not in the agent's [bounds] cores {:?}",
+                self.bounds.cores
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn cores(&self, field: &str, cores: &[u32]) -> AgentResult<()> {
+        cores.iter().enumerate().try_for_each(|(i, &c)| self.core(&format!("{field}[{i}]"), c))
+    }
+
+    /// A rate in bit/s: within `[bounds] min_rate_bps..max_rate_bps`.
+    pub fn rate(&self, field: &str, bps: u64) -> AgentResult<()> {
+        let b = self.bounds;
+        if bps < b.min_rate_bps || bps > b.max_rate_bps {
+            out_of_bounds!("{field} {bps} is outside the bounds {}..{}", b.min_rate_bps, b.max_rate_bps);
+        }
+        Ok(())
+    }
+
+    /// Every class's rates within the bounds, and under its parent: a child's rate and ceil
+    /// never exceed the parent's ceil (HTB would let the child borrow past what the parent
+    /// may send, so the parent's bound would not hold).
+    pub fn hierarchy_rates(&self, h: &QueueHierarchy) -> AgentResult<()> {
+        let by_id: BTreeMap<u32, _> = h.classes.iter().map(|c| (c.class_id, c)).collect();
+        for c in &h.classes {
+            let id = handle_str(c.class_id);
+            for (what, v) in [("rate_bps", c.rate_bps), ("ceil_bps", c.ceil_bps)] {
+                self.rate(&format!("class {} ({id}): {what}", c.name), v)?;
+            }
+            if c.ceil_bps < c.rate_bps {
+                invalid!("class {} ({id}): ceil_bps {} is below rate_bps {}", c.name, c.ceil_bps, c.rate_bps);
+            }
+            let Some(p) = (c.parent_class_id != 0).then(|| by_id.get(&c.parent_class_id)).flatten() else {
+                continue; // a root class, or a parent the structural check names
+            };
+            for (what, v) in [("rate_bps", c.rate_bps), ("ceil_bps", c.ceil_bps)] {
+                if v > p.ceil_bps {
+                    invalid!(
+                        "class {} ({id}): {what} {v} exceeds the ceil_bps {} of its parent {} ({})",
+                        c.name,
+                        p.ceil_bps,
+                        p.name,
+                        handle_str(p.class_id)
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every function of a chain: its core, every interface and rate its parameters name.
+    pub fn chain(&self, chain: &ServiceChain) -> AgentResult<()> {
+        let max = self.bounds.max_chain_functions.min(crate::datapath::MAX_CHAIN_FNS);
+        if chain.functions.len() > max {
+            out_of_bounds!("chain {} has {} functions; the bound is {max}", chain.chain_id, chain.functions.len());
+        }
+        for (pos, f) in chain.functions.iter().enumerate() {
+            self.function(pos, f)?;
+        }
+        Ok(())
+    }
+
+    fn function(&self, pos: usize, f: &ChainFunction) -> AgentResult<()> {
+        let at = format!("chain function #{pos} {:?}", f.name);
+        // 0 is the proto default: not pinned (it is a core every machine has).
+        if f.core != 0 {
+            self.core(&format!("{at}: core"), f.core)?;
+        }
+        for (key, value) in &f.params {
+            if names_interface(key) {
+                self.interface(&format!("{at}: parameter {key}"), value.trim())?;
+            }
+            if names_rate(key) {
+                if let Ok(bps) = value.trim().parse::<u64>() {
+                    self.rate(&format!("{at}: parameter {key}"), bps)?;
+                } // not a number: the function's own parser names it
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The online CPUs, from sysfs; without it, 0..the configured count.
+pub fn online_cpus() -> Vec<u32> {
+    if let Some(cpus) = std::fs::read_to_string(ONLINE_CPUS).ok().and_then(|s| parse_cpu_list(&s)) {
+        return cpus;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    (0..n.max(1) as u32).collect()
+}
+
+/// Parses the kernel's CPU list format ("0-3,6,8-9").
+pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?);
+                if b < a || b - a > 65_536 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.trim().parse().ok()?),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// "0-3,6" for messages.
+fn cpu_list(cpus: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cgloop_proto::v1::{FunctionKind, HtbClass};
+
+    fn rt0() -> Bounds {
+        Bounds { interfaces: vec!["rt0".into()], ..Bounds::default() }
+    }
+
+    fn func(name: &str, kind: FunctionKind, core: u32, params: &[(&str, &str)]) -> ChainFunction {
+        ChainFunction {
+            name: name.into(),
+            kind: kind as i32,
+            core,
+            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn chain(fns: Vec<ChainFunction>) -> ServiceChain {
+        ServiceChain { chain_id: "c".into(), traffic_class: "gaming".into(), functions: fns }
+    }
+
+    #[test]
+    fn cpu_lists_parse_like_the_kernel_writes_them() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
+        assert!(online_cpus().contains(&0));
+    }
+
+    #[test]
+    fn interfaces_outside_the_bounds_are_forbidden_by_field() {
+        let b = rt0();
+        let g = Guard::new(&b);
+        g.interface("rule.interface_name", "rt0").unwrap();
+        let e = g.interface("rule.interface_name", "lo").unwrap_err();
+        assert!(matches!(e, AgentError::Forbidden(_)), "{e:?}");
+        assert!(e.to_string().contains("rule.interface_name") && e.to_string().contains("\"rt0\""), "{e}");
+        assert!(matches!(g.interface("x", "").unwrap_err(), AgentError::Invalid(_)));
+        let any = Bounds::default();
+        Guard::new(&any).interface("x", "lo").unwrap();
+    }
+
+    #[test]
+    fn cores_must_exist_and_be_within_the_core_bound() {
+        let mut b = Bounds::default();
+        let g = Guard::with_cpus(&b, vec![0, 1]);
+        g.core("policy.cores[0]", 1).unwrap();
+        let e = g.core("policy.cores[0]", 9999).unwrap_err();
+        assert!(matches!(e, AgentError::Invalid(_)), "{e:?}");
+        assert!(e.to_string().contains("core 9999") && e.to_string().contains("0-1"), "{e}");
+        b.cores = vec![1];
+        let g = Guard::with_cpus(&b, vec![0, 1]);
+        let e = g.core("policy.cores[0]", 0).unwrap_err();
+        assert!(matches!(e, AgentError::Forbidden(_)) && e.to_string().contains("[1]"), "{e}");
+    }
+
+    /// issue 17 finding 5: `[bounds] interfaces = ["rt0"]` and a mirror to `lo` or to another
+    /// interface was installed.
+    #[test]
+    fn a_mirror_to_an_interface_outside_the_bounds_is_forbidden() {
+        let b = rt0();
+        let g = Guard::new(&b);
+        for target in ["lo", "eth1", " lo "] {
+            let c = chain(vec![func("mirror", FunctionKind::Basic, 0, &[("interface", target)])]);
+            let e = g.chain(&c).unwrap_err();
+            assert!(matches!(e, AgentError::Forbidden(_)), "{target}: {e:?}");
+            assert!(e.to_string().contains("parameter interface") && e.to_string().contains("rt0"), "{e}");
+        }
+        let c = chain(vec![func("mirror", FunctionKind::Basic, 0, &[("interface", "rt0")])]);
+        g.chain(&c).unwrap();
+    }
+
+    /// issue 17 finding 5: an advanced function pinned to core 9999 was accepted.
+    #[test]
+    fn a_function_pinned_to_a_core_the_node_lacks_is_refused() {
+        let b = Bounds::default();
+        let g = Guard::with_cpus(&b, vec![0, 1]);
+        let dpi = func("dpi", FunctionKind::Advanced, 9999, &[("pattern", "x"), ("dscp", "1")]);
+        let e = g.chain(&chain(vec![dpi.clone()])).unwrap_err();
+        assert!(matches!(e, AgentError::Invalid(_)), "{e:?}");
+        assert!(e.to_string().contains("core 9999") && e.to_string().contains("\"dpi\""), "{e}");
+        let pinned = ChainFunction { core: 1, ..dpi };
+        g.chain(&chain(vec![pinned])).unwrap();
+    }
+
+    #[test]
+    fn a_rate_limit_outside_the_rate_bounds_is_refused() {
+        let b = Bounds { max_rate_bps: 1_000_000, ..Bounds::default() };
+        let g = Guard::new(&b);
+        let c = chain(vec![func("rate_limit", FunctionKind::Basic, 0, &[("rate_bps", "2000000"), ("burst_bytes", "3000")])]);
+        let e = g.chain(&c).unwrap_err();
+        assert!(matches!(e, AgentError::OutOfBounds(_)) && e.to_string().contains("rate_bps 2000000"), "{e}");
+    }
+
+    fn class(name: &str, id: u32, parent: u32, rate: u64, ceil: u64) -> HtbClass {
+        HtbClass { name: name.into(), class_id: id, parent_class_id: parent, rate_bps: rate, ceil_bps: ceil, ..Default::default() }
+    }
+
+    /// issue 17 finding 5: a child class at 500 Mbit/s under a 100 Mbit/s parent was accepted.
+    #[test]
+    fn a_child_faster_than_its_parent_is_refused() {
+        let b = Bounds::default();
+        let g = Guard::new(&b);
+        let mut h = QueueHierarchy {
+            interface_name: "rt0".into(),
+            default_class_id: 0x10010,
+            classes: vec![
+                class("root", 0x10001, 0, 100_000_000, 100_000_000),
+                class("gaming", 0x10010, 0x10001, 500_000_000, 500_000_000),
+            ],
+        };
+        let e = g.hierarchy_rates(&h).unwrap_err();
+        assert!(matches!(e, AgentError::Invalid(_)), "{e:?}");
+        assert!(e.to_string().contains("gaming") && e.to_string().contains("100000000"), "{e}");
+        h.classes[1].rate_bps = 50_000_000; // rate fine, ceil still above the parent's
+        assert!(g.hierarchy_rates(&h).unwrap_err().to_string().contains("ceil_bps 500000000"));
+        h.classes[1].ceil_bps = 100_000_000;
+        g.hierarchy_rates(&h).unwrap();
+    }
+}
