@@ -6,12 +6,14 @@ with a cluster id kept in the state folder, so restarts keep topics and offsets.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 from cgloop.stack.kafka_install import libs_dir
+from cgloop.stack.kafka_security import BrokerSecurity, forget_client_record
 from cgloop.stack.processes import ManagedProcess
 
 MAIN_CLASS = "kafka.Kafka"
@@ -37,12 +39,25 @@ logger.started.level = INFO
 
 class KafkaBroker:
     def __init__(
-        self, state_dir: Path, cache_dir: Path, host: str, port: int, controller_port: int
+        self,
+        state_dir: Path,
+        cache_dir: Path,
+        host: str,
+        port: int,
+        controller_port: int,
+        security: str = "plaintext",
     ) -> None:
+        self.state_dir = state_dir
         self.home = state_dir / "kafka"
         self.cache_dir = cache_dir
         self.host, self.port, self.controller_port = host, port, controller_port
         self.process = ManagedProcess("kafka", state_dir / "run")
+        # "sasl_ssl": clients must log in over TLS (kafka_security.py); "plaintext": anyone local.
+        self.security = (
+            BrokerSecurity(self.home, host, port, controller_port)
+            if security == "sasl_ssl"
+            else None
+        )
 
     @property
     def bootstrap(self) -> str:
@@ -54,17 +69,24 @@ class KafkaBroker:
 
     def server_properties(self) -> str:
         h = self.host
+        listeners = (
+            self.security.server_properties()
+            if self.security
+            else [
+                f"listeners=PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
+                f"advertised.listeners=PLAINTEXT://{h}:{self.port}",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            ]
+        )
         return "\n".join(
             [
                 "# Written by cgloop (stack/kafka_broker.py); regenerated at every start.",
                 "process.roles=broker,controller",
                 "node.id=1",
                 f"controller.quorum.voters=1@{h}:{self.controller_port}",
-                f"listeners=PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://{h}:{self.port}",
                 "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                *listeners,
                 f"log.dirs={self.home / 'data'}",
                 "num.partitions=1",
                 "auto.create.topics.enable=false",  # topics are created with explicit settings
@@ -131,7 +153,15 @@ class KafkaBroker:
             return pid
         for sub in ("data", "logs"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(self.server_properties())
+        if self.security:
+            self.security.ensure()
+        else:
+            forget_client_record(self.state_dir)
+        # 0600 from creation: with security on, the file holds the broker's passwords.
+        self.config_file.unlink(missing_ok=True)
+        fd = os.open(self.config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.server_properties())
         (self.home / "log4j2.properties").write_text(_LOG4J2)
         self._format()
         return self.process.start([*self._java(), MAIN_CLASS, str(self.config_file)])

@@ -70,6 +70,7 @@ class Stack:
             settings.host,
             settings.kafka_port,
             settings.kafka_controller_port,
+            settings.kafka_broker_security,
         )
         self.store = ManagedProcess("store", run_dir)
         self.store_path = settings.state_dir / "store"
@@ -80,6 +81,8 @@ class Stack:
     # --- up ---------------------------------------------------------------------------------
     def up(self, progress: Callable[[str], None] = lambda msg: None) -> StackStatus:
         s = self.settings
+        # Bad CGLOOP_KAFKA_* client settings are refused before anything starts.
+        s.kafka_security(self.bootstrap).properties()
         started: list[ManagedProcess] = []
         try:
             if self.external_kafka:
@@ -97,11 +100,16 @@ class Stack:
                 if not kafka_install.is_installed(s.cache_dir):
                     progress("fetching Kafka broker jars (once)")
                     kafka_install.install(s.cache_dir)
-                progress(f"starting Kafka on {self.kafka.bootstrap}")
+                secure = " (SASL_SSL, SCRAM)" if self.kafka.security else ""
+                progress(f"starting Kafka on {self.kafka.bootstrap}{secure}")
                 self.kafka.start()
                 started.append(self.kafka.process)
-            self._wait_kafka()
-            created = ensure_topics(self.bootstrap)
+                if self.kafka.security:
+                    self._wait_kafka(self.kafka.security.admin_config())
+                    self.kafka.security.create_client_user()
+                    self.kafka.security.record_for_clients(self.bootstrap)
+            self._wait_kafka(self.client_config())
+            created = ensure_topics(self.bootstrap, config=self.client_config())
             if created:
                 progress(f"created topics: {', '.join(created)}")
             if self.store.pid() is None:
@@ -120,7 +128,9 @@ class Stack:
                         "--port",
                         str(s.store_port),
                         *(("--sink", "--bootstrap", self.bootstrap) if self.sink else ()),
-                    )
+                    ),
+                    # The sink logs in to the broker as this stack's clients do.
+                    env=self.settings.kafka_security(self.bootstrap).env(),
                 )
                 started.append(self.store)
             self._wait_store()
@@ -129,6 +139,10 @@ class Stack:
                 proc.stop()
             raise
         return self.status()
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka properties for a client of this stack's broker (with its credentials)."""
+        return self.settings.kafka_config(self.bootstrap)
 
     def _store_cmd(self, *args: str) -> list[str]:
         cmd = [
@@ -152,11 +166,11 @@ class Stack:
             message = (result.stderr.strip() or result.stdout.strip()).replace("\n", " ")
             raise StackError(message or f"store migrate exited with {result.returncode}")
 
-    def _wait_kafka(self) -> None:
+    def _wait_kafka(self, config: dict[str, str]) -> None:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + KAFKA_READY_TIMEOUT_S
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _silent})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **config, "logger": _silent})
         while time.monotonic() < deadline:
             if not self.external_kafka and (
                 self.kafka.process.exited() or self.kafka.process.pid() is None
@@ -220,7 +234,7 @@ class Stack:
         from confluent_kafka.admin import AdminClient
 
         try:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _silent})
+            admin = AdminClient({**self.client_config(), "logger": _silent})
             topics = admin.list_topics(timeout=5).topics
         except Exception as exc:
             status.detail = f"not answering: {exc}"
