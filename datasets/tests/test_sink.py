@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode, headers_for
 from cgloop.bus.kafka import BatchProducer
 from cgloop.bus.topics import DEADLETTER, TOPICS
 from cgloop.config import Settings
@@ -116,12 +117,17 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_good_ones_still_land(
 ) -> None:
     source = f"sink-poison-{uuid.uuid4()}"
     producer = BatchProducer(stack_settings.bootstrap_servers)
+    flows = headers_for(sample("cgloop.flows.v1", source))
     producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, 1))
-    producer.send_raw("cgloop.flows.v1", b"\xff\xff\xff garbage", key=source)  # not protobuf
-    producer.send_raw("cgloop.probes.v1", b"", key=source)  # empty
-    producer.send_raw(  # valid bytes, wrong type
-        "cgloop.detections.v1", sample("cgloop.probes.v1", source).SerializeToString(), key=source
+    producer.send_raw(  # not protobuf
+        "cgloop.flows.v1", b"\xff\xff\xff garbage", key=source, headers=flows
     )
+    producer.send_raw(  # empty
+        "cgloop.probes.v1", b"", key=source, headers=headers_for(sample("cgloop.probes.v1", ""))
+    )
+    detections = headers_for(sample("cgloop.detections.v1", source))
+    probes = sample("cgloop.probes.v1", source).SerializeToString()
+    producer.send_raw("cgloop.detections.v1", probes, key=source, headers=detections)
     producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, 2))
     producer.flush()
     rows = sink_store.wait_for(
@@ -147,10 +153,88 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_good_ones_still_land(
     reasons = {t: r for t, r in letters}
     assert "empty payload" in reasons["cgloop.probes.v1"]
     assert "cgloop.v1.FlowRecordBatch" in reasons["cgloop.flows.v1"]
-    # A probe batch parses as a (strange) DetectionBatch in Python; ClickHouse's decoder then
-    # refuses it, and its reason is recorded.
-    assert "cannot decode" in reasons["cgloop.detections.v1"]
+    # A probe batch under a DetectionBatch type header: its fields are not a DetectionBatch's.
+    assert "does not have" in reasons["cgloop.detections.v1"]
     assert DEADLETTER.name in TOPICS
+
+
+def test_the_sink_refuses_what_the_consumers_refuse_and_keeps_the_good_messages_beside(
+    sink_store: SinkStore, stack_settings: Settings
+) -> None:
+    """Each bad message, sent between good ones on the same partition (one key: one chunk
+    where they arrive together), is dead-lettered by the sink with the very reason the
+    consumers' decoder (cgloop.bus.codec.decode) gives, and the good ones are all stored."""
+    source = f"sink-agree-{uuid.uuid4()}"
+    flow = "cgloop.flows.v1"
+    int_ = "cgloop.int.v1"
+
+    def flow_batch(sequence: int, **header: object) -> bytes:
+        batch = sample(flow, source, sequence)
+        for k, v in header.items():
+            setattr(batch.records[0].header, k, v)
+        return batch.SerializeToString()
+
+    def int_batch(sequence: int, **header: object) -> bytes:
+        batch = sample(int_, source, sequence)
+        for k, v in header.items():
+            setattr(batch.records[1].flow.header, k, v)
+        return batch.SerializeToString()
+
+    flow_headers = headers_for(sample(flow, source))
+    int_headers = headers_for(sample(int_, source))
+    version_99 = [(TYPE_HEADER, flow_headers[0][1]), (SCHEMA_HEADER, b"99")]
+    wrong_type = [(TYPE_HEADER, b"cgloop.v1.DetectionBatch"), (SCHEMA_HEADER, b"1")]
+    probes = sample("cgloop.probes.v1", source).SerializeToString()
+    # (topic, value, headers): good ones carry sequences 1.., bad ones 100..
+    messages = [
+        (flow, flow_batch(1), flow_headers),
+        (flow, flow_batch(100, source_id=""), flow_headers),  # empty source_id
+        (flow, flow_batch(101), version_99),  # schema version 99 in the Kafka header
+        (flow, flow_batch(102, schema_version=99), flow_headers),  # 99 in the record header
+        (flow, flow_batch(103), wrong_type),  # a flow batch under another type's header
+        (flow, probes, flow_headers),  # a probe batch under the flows' type header
+        (flow, b"", flow_headers),  # empty payload
+        (flow, b"\xff\xfe garbage \x00\x01", flow_headers),  # garbage
+        (flow, flow_batch(104), None),  # no headers at all
+        (flow, flow_batch(2), flow_headers),
+        (int_, int_batch(1), int_headers),
+        (int_, int_batch(100, source_id=""), int_headers),  # empty source_id
+        (int_, int_batch(101, schema_version=99), int_headers),
+        (int_, probes, int_headers),
+        (int_, int_batch(5), int_headers),
+    ]
+    want: dict[str, list[str]] = {flow: [], int_: []}
+    producer = BatchProducer(stack_settings.bootstrap_servers)
+    for topic, value, headers in messages:
+        try:
+            decode(TOPICS[topic], value, headers)
+        except DecodeError as exc:
+            want[topic].append(str(exc))
+        producer.send_raw(topic, value, key=source, headers=headers)
+    producer.flush()
+    assert [len(v) for v in want.values()] == [8, 3]
+    # Every bad message on the dead-letter topic (read back through the sink), in order,
+    # with the consumers' reason.
+    letters = sink_store.wait_for(
+        "SELECT topic, hex(reason) FROM cgloop.dead_letters WHERE key = {s:String}"
+        " AND consumer_group = {g:String} ORDER BY topic, offset",
+        lambda r: len(r) >= 11,
+        s=source,
+        g=sink_store.group,
+    )
+    got: dict[str, list[str]] = {flow: [], int_: []}
+    for topic, reason in letters:
+        got[topic].append(bytes.fromhex(reason).decode())
+    assert got == want
+    # Every good message stored, nothing of the bad ones.
+    counts = (
+        "SELECT (SELECT groupArray(sequence) FROM (SELECT sequence FROM cgloop.flow_records"
+        " WHERE source_id = {s:String} ORDER BY sequence)),"
+        " (SELECT count() FROM cgloop.int_flow_records WHERE source_id = {s:String}),"
+        " (SELECT count() FROM cgloop.int_hop_records WHERE source_id = {s:String})"
+    )
+    rows = sink_store.wait_for(counts, lambda r: r == [["[1,2]", "2", "2"]], s=source)
+    assert rows == [["[1,2]", "2", "2"]]
 
 
 def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twice(

@@ -23,10 +23,17 @@ the replayed chunk carries the same token and the store drops it: nothing lost, 
 counted twice (the same holds in the roll-ups, which a key-based ReplacingMergeTree alone
 cannot promise).
 
-Bad input: each message's type header and emptiness are checked on arrival; on the strict
-topics (all but flows and INT) every message is decoded and validated in Python first. If the
-Arrow codec (flows, INT) or ClickHouse cannot decode a chunk, its messages are validated one by one;
-the undecodable go to the dead-letter topic with the reason, the rest are inserted.
+Bad input: the sink refuses exactly what every other consumer refuses, through the same strict
+decoder (`cgloop.bus.codec`): each message's headers are checked on arrival (`check_headers`);
+on the strict topics (all but flows and INT) every message is decoded and validated in Python
+first (`decode_payload`). The Arrow codec (flows, INT) makes the same payload checks while it
+encodes (a header with a readable version equal to the message's, a source id, records, no
+unknown field) and names the payload it refuses: that message goes to the dead-letter topic
+with the strict decoder's reason and the rest of the chunk is encoded again (after the first
+refusal every message of the chunk is decoded in Python once, so a chunk of many bad messages
+costs one more encode, not one a message). If ClickHouse cannot decode a chunk, its messages
+are validated one by one; the undecodable go to the dead-letter topic with the reason, the rest
+are inserted.
 Back-pressure: the consumer thread stops polling while `inflight_chunks` chunks wait for the
 writer, and librdkafka's prefetch queue is capped, so a slow store slows consumption instead of
 growing memory.
@@ -43,14 +50,14 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode
+from cgloop.bus.codec import DecodeError, check_headers, decode, decode_payload
 from cgloop.bus.kafka import BatchProducer, ensure_topics, librdkafka_log
 from cgloop.bus.topics import DEADLETTER, TOPICS
 from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
-from cgloop.datasets.sink.writer import StoreWriteError, StoreWriter, UndecodableBatch
+from cgloop.datasets.sink.writer import Encoded, StoreWriteError, StoreWriter, UndecodableBatch
 from cgloop.datasets.store.minutes import close_minutes
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
@@ -102,6 +109,8 @@ class Chunk:
     last_offset: int = -1
     payloads: list[bytes] = field(default_factory=list)
     messages: list[KafkaMessage] = field(default_factory=list)
+    # Each message's schema-version header (its records must carry that version).
+    versions: list[int] = field(default_factory=list)
     size: int = 0
     seen: int = 0
     opened: float = field(default_factory=time.monotonic)
@@ -315,13 +324,14 @@ class Sink:
         chunk = self._chunks.get(key)
         if chunk is None:
             chunk = self._open_chunk(topic, partition, offset)
-        reason = self._precheck(msg)
+        reason, version = self._precheck(msg)
         chunk.last_offset = offset
         if reason:
             self._dead_letter(msg, reason)
         else:
             chunk.messages.append(msg)
             chunk.payloads.append(msg.value())
+            chunk.versions.append(version)
             chunk.size += len(msg.value())
         chunk.seen += 1
         if chunk.planned_last is not None:
@@ -343,32 +353,24 @@ class Sink:
         self._chunks[(topic, partition)] = chunk
         return chunk
 
-    def _precheck(self, msg: KafkaMessage) -> str | None:
-        """Why this message cannot be stored, or None. Cheap checks for every message; a full
-        strict decode on the strict topics."""
+    def _precheck(self, msg: KafkaMessage) -> tuple[str | None, int]:
+        """(why this message cannot be stored, or None; its schema-version header). The
+        strict decoder's header checks for every message; its payload checks too on the strict
+        topics and wherever the writer's encoder does not make them (the Arrow codec makes
+        them while it encodes, `_encode`)."""
         topic = TOPICS[msg.topic()]
         value = msg.value()
-        if not value:
-            return f"empty payload: topic {topic.name} carries non-empty {topic.full_type_name}"
-        for name, raw in msg.headers() or []:
-            if name == TYPE_HEADER and raw and raw.decode(errors="replace") != topic.full_type_name:
-                return (
-                    f"message type header says {raw.decode(errors='replace')!r}, "
-                    f"topic {topic.name} carries {topic.full_type_name}"
-                )
-            if name == SCHEMA_HEADER and raw:
-                try:
-                    version = int(raw)
-                except ValueError:
-                    return f"schema version header {raw!r} is not a number"
-                if not 1 <= version <= SCHEMA_VERSION:
-                    return f"schema version {version} not readable (1..{SCHEMA_VERSION})"
-        if msg.topic() in self.config.strict_topics:
-            try:
-                decode(topic, value, msg.headers())
-            except DecodeError as exc:
-                return str(exc)
-        return None
+        try:
+            version = check_headers(topic, msg.headers())
+            if (
+                not value
+                or msg.topic() in self.config.strict_topics
+                or not self.writer.encodes_strictly(KINDS[msg.topic()])
+            ):
+                decode_payload(topic, value, version)
+        except DecodeError as exc:
+            return str(exc), 0
+        return None, version
 
     def _flush_due(self) -> None:
         now = time.monotonic()
@@ -455,7 +457,8 @@ class Sink:
         self.metrics.rows.labels(kind.ingest_table).inc(rows)
         if self._after_insert:
             self._after_insert(chunk)
-        chunk.payloads, chunk.messages = [], []  # only its offsets are needed from here on
+        # Only its offsets are needed from here on.
+        chunk.payloads, chunk.messages, chunk.versions = [], [], []
         self._written.put(chunk)  # committed by the consumer thread (_commit_written)
 
     def _commit_written(self, wait: bool) -> None:
@@ -486,10 +489,12 @@ class Sink:
         # (1.07-1.31x the sink rate of encoding on the consumer thread: docs/datasets.md).
         reason: Exception | None = None
         try:
-            encoded = writer.encode(kind, chunk.payloads)
+            encoded = self._encode(kind, chunk, writer)
         except UndecodableBatch as exc:
             reason = exc
         if reason is None:
+            if not chunk.payloads:  # every message was refused (and dead-lettered)
+                return 0
             try:
                 return self._retrying(
                     lambda: writer.insert(kind, chunk.payloads, token, encoded),
@@ -522,6 +527,44 @@ class Sink:
                 continue
             good.append(msg.value())
         return len(good)
+
+    def _encode(self, kind: RecordKind, chunk: Chunk, writer: StoreWriter) -> Encoded:
+        """Encode `chunk` for its insert. A message the encoder refuses by index is
+        dead-lettered with the strict decoder's reason and left out of the chunk, and the rest
+        is encoded again: bad input costs no good message. The first refusal has every other
+        message of the chunk decoded strictly in Python (one more encode for any number of bad
+        messages, not one each). The chunk's token still covers the same offsets, and a replay
+        of them refuses the same messages, so the insert stays idempotent. Raises
+        UndecodableBatch when the encoder refuses the chunk as a whole (no message named)."""
+        topic = TOPICS[chunk.topic]
+        swept = False
+        while True:
+            try:
+                return writer.encode(kind, chunk.payloads, chunk.versions)
+            except UndecodableBatch as exc:
+                index = exc.index
+                if index is None or not 0 <= index < len(chunk.messages):
+                    raise
+                msg, version = chunk.messages[index], chunk.versions[index]
+                try:
+                    decode_payload(topic, msg.value(), version)
+                except DecodeError as strict:
+                    reason = str(strict)
+                else:  # refused by the codec only (e.g. an enum value with no name to store)
+                    reason = f"the store cannot take it: {exc}"
+                self._set_aside(chunk, index, reason)
+            if not swept:
+                swept = True
+                for i in reversed(range(len(chunk.messages))):
+                    try:
+                        decode_payload(topic, chunk.messages[i].value(), chunk.versions[i])
+                    except DecodeError as strict:
+                        self._set_aside(chunk, i, str(strict))
+
+    def _set_aside(self, chunk: Chunk, index: int, reason: str) -> None:
+        """Dead-letter message `index` of `chunk` and drop it from the chunk's inserts."""
+        self._dead_letter(chunk.messages[index], reason)
+        del chunk.messages[index], chunk.payloads[index], chunk.versions[index]
 
     def _retrying(self, action: Callable[[], object], what: str, decode_ok: bool = True) -> int:
         """Run `action` until it succeeds: the store being slow or away is not data loss."""

@@ -29,12 +29,20 @@ class StoreWriteError(RuntimeError):
 
 
 class UndecodableBatch(StoreWriteError):
-    """A payload of the batch is not the topic's protobuf message (the codec's reason)."""
+    """A payload of the batch is not the topic's protobuf message, or holds a record the
+    strict decoder refuses (the codec's reason). `index`: that payload's position in the
+    call, when the codec names one (the caller sets it aside and encodes the others)."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
-def arrow_encoder(topic: str) -> Callable[[Sequence[bytes]], bytes | memoryview] | None:
-    """The columnar encoder of `topic`'s batches (payloads -> one Arrow IPC stream, a read-only
-    memoryview over the codec's reused memory), or None: the kind goes as protobuf."""
+def arrow_encoder(topic: str) -> Callable[..., bytes | memoryview] | None:
+    """The columnar encoder of `topic`'s batches (payloads, and optionally the schema version
+    each message's header declares -> one Arrow IPC stream, a read-only memoryview over the
+    codec's reused memory), or None: the kind goes as protobuf. It refuses what the strict
+    decoder (cgloop.bus.codec.decode_payload) refuses, raising PayloadError with the index."""
     from cgloop.arrowcodec import flows_to_arrow, int_to_arrow
 
     return {"cgloop.flows.v1": flows_to_arrow, "cgloop.int.v1": int_to_arrow}.get(topic)
@@ -103,19 +111,32 @@ class StoreWriter:
             )
         return tuple(r[0] for r in rows)
 
-    def encode(self, kind: RecordKind, payloads: Sequence[bytes]) -> Encoded:
+    def encodes_strictly(self, kind: RecordKind) -> bool:
+        """Whether `encode` refuses what the strict decoder refuses (the Arrow codec does, as
+        it encodes); otherwise the caller must decode each payload strictly first."""
+        return self.columnar and arrow_encoder(kind.topic) is not None
+
+    def encode(
+        self,
+        kind: RecordKind,
+        payloads: Sequence[bytes],
+        schema_versions: Sequence[int] | None = None,
+    ) -> Encoded:
         """The insert body of `payloads`: an Arrow stream where `kind` has an encoder (and
-        `columnar`), else the framed protobuf batches. Raises UndecodableBatch when a payload
-        is not the kind's message (the Arrow path checks while it encodes)."""
+        `columnar`), else the framed protobuf batches. `schema_versions`: each message's
+        schema-version header, which its records must carry. Raises UndecodableBatch when a
+        payload is not the kind's message or holds a record the strict decoder refuses (the
+        Arrow path checks while it encodes)."""
         encoder = arrow_encoder(kind.topic) if self.columnar else None
         if encoder is None:
             return Encoded(
                 frame(kind, payloads), "Protobuf" if kind.single_message else "ProtobufList"
             )
         try:
-            return Encoded(encoder(payloads), "ArrowStream")
+            versions = list(schema_versions) if schema_versions is not None else None
+            return Encoded(encoder(payloads, versions), "ArrowStream")
         except ValueError as exc:
-            raise UndecodableBatch(f"{kind.topic}: {exc}") from exc
+            raise UndecodableBatch(f"{kind.topic}: {exc}", getattr(exc, "index", None)) from exc
 
     def insert(
         self,
