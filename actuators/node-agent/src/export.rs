@@ -18,7 +18,14 @@ const MAX_BATCH: usize = 500;
 
 /// The agent's Kafka producer: it sends what it is given at once (callers batch).
 pub fn producer(bootstrap: &str, client_id: &str) -> Result<BaseProducer> {
-    ClientConfig::new()
+    // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
+    let security = cgloop_proto::kafka_security::KafkaSecurity::from_env()
+        .context("Kafka security settings")?;
+    let mut client = ClientConfig::new();
+    for (key, value) in security.properties() {
+        client.set(*key, value);
+    }
+    client
         .set("bootstrap.servers", bootstrap)
         .set("client.id", client_id)
         .set("linger.ms", "0")

@@ -48,7 +48,14 @@ pub struct KafkaSink {
 
 impl KafkaSink {
     pub fn new(bootstrap: &str, topic: &str) -> Result<Self> {
-        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
+        let security = cgloop_proto::kafka_security::KafkaSecurity::from_env()
+            .context("Kafka security settings")?;
+        let mut client = ClientConfig::new();
+        for (key, value) in security.properties() {
+            client.set(*key, value);
+        }
+        let producer: ThreadedProducer<DefaultProducerContext> = client
             .set("bootstrap.servers", bootstrap)
             .set("linger.ms", "5")
             .set("queue.buffering.max.messages", "1000000")

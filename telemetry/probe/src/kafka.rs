@@ -77,7 +77,14 @@ pub struct KafkaConfig {
 impl FlowProducer {
     pub fn new(cfg: &KafkaConfig) -> Result<Self> {
         let stats = Arc::new(KafkaStats::default());
-        let producer = ClientConfig::new()
+        // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
+        let security = cgloop_proto::kafka_security::KafkaSecurity::from_env()
+            .context("Kafka security settings")?;
+        let mut client = ClientConfig::new();
+        for (key, value) in security.properties() {
+            client.set(*key, value);
+        }
+        let producer = client
             .set("bootstrap.servers", &cfg.bootstrap)
             .set("client.id", "cgloop-probe")
             .set("compression.type", "lz4")
