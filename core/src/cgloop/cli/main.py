@@ -9,21 +9,76 @@ commands keep working.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from importlib.metadata import entry_points
+from typing import Annotated, Any
 
 import typer
+from cgloop.config import KafkaSecurityError
+from cgloop.errors import INPUT_ERRORS, one_line
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+from typer.exceptions import Abort, Exit, TyperException
 
 ENTRY_POINT_GROUP = "cgloop.cli"
+DEBUG_ENV = "CGLOOP_DEBUG"
+INPUT_ERROR_EXIT = 1
+BUG_EXIT = 70  # EX_SOFTWARE
+
+_err = Console(stderr=True)
+
+
+def _debug(ctx: typer.Context) -> bool:
+    return bool(ctx.params.get("debug")) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+class ErrorBoundary(TyperGroup):
+    """Every `cgloop` command runs inside this: bad input is one line on stderr and a non-zero
+    exit, never a traceback; a bug is a short line too, with its traceback under --debug."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except (Exit, Abort, TyperException):
+            raise  # typer's own exits and usage errors already say what they must
+        except KafkaSecurityError:
+            raise  # main() names the setting and exits 2
+        except INPUT_ERRORS as exc:
+            if _debug(ctx):
+                raise
+            _err.print(f"[red]error[/red] {escape(one_line(exc))}", soft_wrap=True, highlight=False)
+            raise Exit(INPUT_ERROR_EXIT) from None
+        except Exception as exc:
+            if _debug(ctx):
+                raise
+            _err.print(
+                f"[red]internal error[/red] {escape(type(exc).__name__)}: {escape(one_line(exc))}"
+                f" (run with --debug or {DEBUG_ENV}=1 for the traceback)",
+                soft_wrap=True,
+                highlight=False,
+            )
+            raise Exit(BUG_EXIT) from None
+
 
 app = typer.Typer(
     name="cgloop",
     help="Latency-aware closed loop for cloud-gaming networks.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    cls=ErrorBoundary,
 )
-_err = Console(stderr=True)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help=f"show the traceback of any error (also {DEBUG_ENV}=1)"),
+    ] = False,
+) -> None:
+    """Latency-aware closed loop for cloud-gaming networks."""
 
 
 def load_components(root: typer.Typer) -> list[str]:

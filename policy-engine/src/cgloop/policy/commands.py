@@ -193,7 +193,12 @@ def plan_natif(
     """Natif instantiation + flow distribution. SPEC: functions, branches, flows (see docs)."""
     from cgloop.policy.planners import natif
 
-    data = yaml.safe_load(spec.read_text())
+    try:
+        data = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        text = " ".join(f"{spec}: cannot read: {exc}".split())
+        err.print(f"[red]error[/red] {escape(text)}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
     try:
         functions = {
             f["name"]: natif.NetworkFunction(
@@ -249,7 +254,14 @@ def plan_sfc(
     parsed = []
     for item in nodes.split(","):
         parts = item.split(":")
-        parsed.append(sfc.Node(parts[0], int(parts[1]), float(parts[2]) if len(parts) > 2 else 0))
+        try:
+            load = float(parts[2]) if len(parts) > 2 else 0
+            parsed.append(sfc.Node(parts[0], int(parts[1]), load))
+        except (IndexError, ValueError):
+            raise typer.BadParameter(
+                f"{item!r} is not NAME:SLOTS[:LOAD]", param_hint="--nodes"
+            ) from None
+
     fns = [f"sf{i + 1}" for i in range(chain)]
     table = Table("strategy", "placement", "inter-node links")
     for name, placement in [
