@@ -7,7 +7,7 @@ use cgloop_int_collector::export::{KafkaSink, TOPIC};
 use cgloop_int_collector::gen::{Episode, GenConfig, Generator, Mode};
 use cgloop_int_collector::parse::inner::DEFAULT_INT_UDP_PORT;
 use cgloop_int_collector::parse::{Format, IntDetect};
-use cgloop_int_collector::recv::{self, Stats};
+use cgloop_int_collector::recv::{self, Cidr, SourceFilter, Stats};
 use cgloop_int_collector::steer;
 use cgloop_int_collector::state::EventConfig;
 use clap::{Args, Parser, Subcommand};
@@ -35,9 +35,19 @@ enum Cmd {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Address to listen on (fabric-tna/ONOS default port 32766).
-    #[arg(long, default_value = "0.0.0.0:32766")]
+    /// Address to listen on (fabric-tna/ONOS default port 32766). Loopback unless set; any
+    /// other address needs --allow-source (or --allow-any-source).
+    #[arg(long, default_value = "127.0.0.1:32766")]
     listen: SocketAddr,
+    /// Accept reports only from this source, an address or CIDR (e.g. 10.0.0.0/24);
+    /// repeatable. Datagrams from other sources are dropped unparsed and counted
+    /// (`refused_source`).
+    #[arg(long = "allow-source", value_name = "CIDR")]
+    allow_sources: Vec<Cidr>,
+    /// Accept reports from any source on a non-loopback --listen. INT reports carry no
+    /// integrity check: anyone who can reach the port can create records.
+    #[arg(long, conflicts_with = "allow_sources")]
+    allow_any_source: bool,
     /// Worker threads, one SO_REUSEPORT socket each (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
@@ -285,7 +295,34 @@ fn install_signals() {
     }
 }
 
+/// Who may send reports: loopback listeners accept local senders unless restricted; any other
+/// listener must name its sources (or say, explicitly, that anyone may send).
+fn source_filter(a: &RunArgs) -> Result<SourceFilter> {
+    if !a.allow_sources.is_empty() {
+        return Ok(SourceFilter::only(a.allow_sources.clone()));
+    }
+    if a.listen.ip().is_loopback() {
+        return Ok(SourceFilter::any());
+    }
+    if !a.allow_any_source {
+        bail!(
+            "--listen {} is reachable beyond this host, and INT reports carry no integrity check: \
+             name the switches' addresses with --allow-source CIDR (repeatable), or pass \
+             --allow-any-source to accept reports from anyone who can reach the port",
+            a.listen
+        );
+    }
+    eprintln!(
+        "{}",
+        serde_json::json!({"event": "warning", "warning": format!(
+            "--allow-any-source: every datagram reaching {} is parsed as a report; anyone who can \
+             reach the port can create INT records", a.listen)})
+    );
+    Ok(SourceFilter::any())
+}
+
 fn run(a: RunArgs) -> Result<()> {
+    let sources = source_filter(&a)?;
     let cfg = a.events.config()?;
     let detect = a.detect.detect();
     let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
@@ -313,12 +350,17 @@ fn run(a: RunArgs) -> Result<()> {
     }
     for (w, sock) in socks.into_iter().enumerate() {
         let (detect, cfg, stats, stop, tx) = (detect.clone(), cfg, stats.clone(), stop.clone(), tx.clone());
-        let source = format!("{}/w{w}", a.source_id);
-        handles.push(std::thread::Builder::new().name(format!("int-w{w}")).spawn(move || recv::worker(sock, detect, cfg, source, stats, stop, tx, batch))?);
+        let (source, sources) = (format!("{}/w{w}", a.source_id), sources.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("int-w{w}"))
+                .spawn(move || recv::filtered_worker(sock, detect, cfg, source, stats, stop, tx, batch, sources))?,
+        );
     }
     drop(tx);
     let bound = listen;
-    eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "steer": a.steer, "kafka": a.kafka, "topic": a.topic}));
+    let allowed: Vec<String> = a.allow_sources.iter().map(|c| c.to_string()).collect();
+    eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "steer": a.steer, "kafka": a.kafka, "topic": a.topic, "allow_sources": if allowed.is_empty() { serde_json::json!("any") } else { allowed.into() }}));
     let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut exported = 0u64;

@@ -2,6 +2,10 @@
 //! each draining its socket with recvmmsg(2) in batches and owning its own state (no locks on
 //! the packet path). The kernel spreads report sources over the sockets by 4-tuple hash, so
 //! one switch's reports always reach the same worker.
+//!
+//! Reports carry no integrity check, so whoever can reach the port can create records: a
+//! [`SourceFilter`] (`--allow-source`) drops datagrams from other sources before they are
+//! parsed, and counts them (`refused_source`).
 
 use crate::parse::{parse_packet, IntDetect};
 use crate::state::{EventConfig, State};
@@ -9,7 +13,7 @@ use anyhow::{Context, Result};
 use cgloop_proto::v1::IntRecord;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::HashMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,10 +54,91 @@ pub fn bind_reuseport(addr: SocketAddr, rcvbuf: usize) -> Result<UdpSocket> {
     Ok(sock.into())
 }
 
-/// Reusable recvmmsg(2) buffers for one socket.
+/// An allowed source network: an address and a prefix length ("10.0.0.0/24", "::1/128"; a
+/// bare address is a host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, p) = s.trim().split_once('/').map_or((s.trim(), None), |(a, p)| (a, Some(p)));
+        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: not an IP address or CIDR (e.g. 10.0.0.0/24)"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            None => max,
+            Some(p) => match p.parse::<u8>() {
+                Ok(p) if p <= max => p,
+                _ => return Err(format!("{s:?}: prefix length must be 0..{max}")),
+            },
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl Cidr {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, unmapped(ip)) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 source (a socket bound to `[::]`) as the IPv4 address it is.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Which sources' reports are parsed; empty = any.
+#[derive(Debug, Clone, Default)]
+pub struct SourceFilter {
+    nets: Vec<Cidr>,
+}
+
+impl SourceFilter {
+    pub fn any() -> Self {
+        Self::default()
+    }
+
+    pub fn only(nets: Vec<Cidr>) -> Self {
+        Self { nets }
+    }
+
+    pub fn is_any(&self) -> bool {
+        self.nets.is_empty()
+    }
+
+    pub fn allows(&self, ip: Option<IpAddr>) -> bool {
+        self.is_any() || ip.is_some_and(|ip| self.nets.iter().any(|n| n.contains(ip)))
+    }
+}
+
+/// Reusable recvmmsg(2) buffers for one socket, with each datagram's source address.
 pub struct Batch {
     bufs: Vec<[u8; MAX_DATAGRAM]>,
     iovecs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_storage>,
     msgs: Vec<libc::mmsghdr>,
 }
 
@@ -63,7 +148,14 @@ unsafe impl Send for Batch {}
 impl Batch {
     pub fn new(batch: usize) -> Box<Self> {
         let batch = batch.clamp(1, 1024);
-        let mut b = Box::new(Batch { bufs: vec![[0u8; MAX_DATAGRAM]; batch], iovecs: Vec::with_capacity(batch), msgs: Vec::with_capacity(batch) });
+        // SAFETY: sockaddr_storage is plain data; all zeroes is a valid (AF_UNSPEC) value.
+        let name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut b = Box::new(Batch {
+            bufs: vec![[0u8; MAX_DATAGRAM]; batch],
+            iovecs: Vec::with_capacity(batch),
+            names: vec![name; batch],
+            msgs: Vec::with_capacity(batch),
+        });
         for i in 0..batch {
             let base = b.bufs[i].as_mut_ptr().cast();
             b.iovecs.push(libc::iovec { iov_base: base, iov_len: MAX_DATAGRAM });
@@ -73,6 +165,7 @@ impl Batch {
             let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
             m.msg_hdr.msg_iov = &mut b.iovecs[i];
             m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_name = (&mut b.names[i] as *mut libc::sockaddr_storage).cast();
             b.msgs.push(m);
         }
         b
@@ -86,6 +179,8 @@ impl Batch {
     pub fn recv(&mut self, sock: &UdpSocket) -> std::io::Result<usize> {
         for m in &mut self.msgs {
             m.msg_len = 0;
+            // The kernel writes the source's length here: reset to the buffer's on every call.
+            m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
         // SAFETY: msgs/iovecs point at `bufs`, all alive for the call; lengths are correct.
         let n = unsafe {
@@ -101,6 +196,25 @@ impl Batch {
         let len = (self.msgs[i].msg_len as usize).min(MAX_DATAGRAM);
         &self.bufs[i][..len]
     }
+
+    /// The source address of datagram `i` of the last `recv` (None if the kernel gave none).
+    pub fn source(&self, i: usize) -> Option<IpAddr> {
+        let name = &self.names[i];
+        let len = self.msgs[i].msg_hdr.msg_namelen as usize;
+        match i32::from(name.ss_family) {
+            libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+                // SAFETY: the kernel wrote a sockaddr_in (family and length checked).
+                let sin = unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+            }
+            libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: the kernel wrote a sockaddr_in6 (family and length checked).
+                let sin6 = unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+                Some(unmapped(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Counters shared by all workers (read by the stats printer).
@@ -113,6 +227,10 @@ pub struct Stats {
     pub malformed: AtomicU64,
     pub flows: AtomicU64,
     pub by_reason: Mutex<HashMap<String, u64>>,
+    /// Datagrams from sources outside the allow-list (dropped unparsed).
+    pub refused_source: AtomicU64,
+    /// When refusals were last logged (ns since the epoch; logged at most every 10 s).
+    refusal_logged_ns: AtomicU64,
 }
 
 impl Stats {
@@ -129,7 +247,29 @@ impl Stats {
             "malformed": self.malformed.load(Ordering::Relaxed),
             "malformed_by_reason": by_reason,
             "flows": self.flows.load(Ordering::Relaxed),
+            "refused_source": self.refused_source.load(Ordering::Relaxed),
         })
+    }
+
+    /// Logs refused sources at most once per interval over all workers (a flood of spoofed
+    /// datagrams must not become a flood of log lines).
+    fn log_refusals(&self, now: u64, last: Option<IpAddr>) {
+        const EVERY_NS: u64 = 10_000_000_000;
+        let prev = self.refusal_logged_ns.load(Ordering::Relaxed);
+        if now.saturating_sub(prev) < EVERY_NS
+            || self.refusal_logged_ns.compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            return;
+        }
+        eprintln!(
+            "{}",
+            serde_json::json!({
+                "event": "refused_source",
+                "refused_source": self.refused_source.load(Ordering::Relaxed),
+                "last_source": last.map(|ip| ip.to_string()),
+                "why": "not in --allow-source; dropped unparsed",
+            })
+        );
     }
 }
 
@@ -137,7 +277,7 @@ pub fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// One worker: parse + state + events on its own socket; record batches go to `sink`.
+/// One worker accepting reports from any source (see [`filtered_worker`]).
 #[allow(clippy::too_many_arguments)] // one call site per caller; a struct would only rename them
 pub fn worker(
     sock: UdpSocket,
@@ -148,6 +288,23 @@ pub fn worker(
     stop: Arc<AtomicBool>,
     sink: crossbeam_channel::Sender<Vec<IntRecord>>,
     batch_size: usize,
+) -> Result<()> {
+    filtered_worker(sock, detect, cfg, source_id, stats, stop, sink, batch_size, SourceFilter::any())
+}
+
+/// One worker: source filter, then parse + state + events on its own socket; record batches
+/// go to `sink`.
+#[allow(clippy::too_many_arguments)]
+pub fn filtered_worker(
+    sock: UdpSocket,
+    detect: IntDetect,
+    cfg: EventConfig,
+    source_id: String,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    sink: crossbeam_channel::Sender<Vec<IntRecord>>,
+    batch_size: usize,
+    sources: SourceFilter,
 ) -> Result<()> {
     let mut batch = Batch::new(batch_size);
     let mut state = State::new(cfg, source_id);
@@ -163,6 +320,14 @@ pub fn worker(
         };
         let now = now_ns();
         for i in 0..n {
+            if !sources.is_any() {
+                let from = batch.source(i);
+                if !sources.allows(from) {
+                    stats.refused_source.fetch_add(1, Ordering::Relaxed);
+                    stats.log_refusals(now, from);
+                    continue;
+                }
+            }
             let d = batch.datagram(i);
             packets += 1;
             bytes += d.len() as u64;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -31,9 +32,15 @@ def collector_command(
     duration: float | None,
     extra: list[str],
     binary: Path | None = None,
+    allow_sources: Sequence[str] = (),
+    allow_any_source: bool = False,
 ) -> list[str]:
     """The `run` command line for the Rust collector."""
     cmd = [str(binary or collector_binary()), "run", "--listen", listen]
+    for source in allow_sources:
+        cmd += ["--allow-source", source]
+    if allow_any_source:
+        cmd.append("--allow-any-source")
     if kafka:
         cmd += ["--kafka", kafka]
     if workers:
@@ -54,9 +61,30 @@ def register(app: typer.Typer) -> None:
     @app.command("int-collector", context_settings=PASSTHROUGH)
     def int_collector(
         ctx: typer.Context,
-        listen: Annotated[str, typer.Option(help="UDP address for telemetry reports.")] = (
-            "0.0.0.0:32766"
-        ),
+        listen: Annotated[
+            str,
+            typer.Option(
+                envvar="CGLOOP_INT_LISTEN",
+                help="UDP address for telemetry reports: loopback unless set; any other address "
+                "needs --allow-source or --allow-any-source.",
+            ),
+        ] = "127.0.0.1:32766",
+        allow_source: Annotated[
+            list[str] | None,
+            typer.Option(
+                envvar="CGLOOP_INT_ALLOW_SOURCE",
+                help="Accept reports only from this address or CIDR (repeatable; the variable "
+                "takes a space-separated list); others are dropped unparsed and counted.",
+            ),
+        ] = None,
+        allow_any_source: Annotated[
+            bool,
+            typer.Option(
+                envvar="CGLOOP_INT_ALLOW_ANY_SOURCE",
+                help="Accept reports from anyone who can reach a non-loopback --listen (INT "
+                "reports carry no integrity check).",
+            ),
+        ] = False,
         kafka: Annotated[
             bool, typer.Option(help="Export to the stack's Kafka (cgloop.int.v1).")
         ] = True,
@@ -71,7 +99,12 @@ def register(app: typer.Typer) -> None:
             from cgloop.config import settings
 
             bootstrap = settings().bootstrap_servers
-        _exec(collector_command(listen, bootstrap, workers, duration, list(ctx.args)))
+        _exec(
+            collector_command(
+                listen, bootstrap, workers, duration, list(ctx.args),
+                allow_sources=allow_source or (), allow_any_source=allow_any_source,
+            )
+        )
 
     @app.command("int-gen", context_settings=PASSTHROUGH)
     def int_gen(ctx: typer.Context) -> None:
