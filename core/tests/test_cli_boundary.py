@@ -13,6 +13,10 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 
+class StackOperationError(RuntimeError):
+    __module__ = "cgloop.stack.stack"  # as if raised by the stack component
+
+
 class Port(BaseModel):
     port: int
 
@@ -38,6 +42,11 @@ def make_app() -> typer.Typer:
     def refuse() -> None:
         """Raises the project's own error."""
         raise CgloopError("thing.yaml:3: colour: not a colour")
+
+    @app.command()
+    def down() -> None:
+        """A deliberate operational failure of a cgloop module."""
+        raise StackOperationError("the broker did not stop within 10 s")
 
     @app.command()
     def boom() -> None:
@@ -71,6 +80,7 @@ def test_input_errors_are_one_line_naming_the_input(tmp_path: Path) -> None:
         (["port", "eighty"], "error invalid Port: port: Input should be a valid integer, unable "
          "to parse string as an integer"),
         (["refuse"], "error thing.yaml:3: colour: not a colour"),
+        (["down"], "error the broker did not stop within 10 s"),
     ]:
         res = run(*args)
         assert res.exit_code == INPUT_ERROR_EXIT, res.output

@@ -20,6 +20,14 @@ class CgloopError(Exception):
 INPUT_ERRORS: tuple[type[BaseException], ...] = (CgloopError, ValueError, OSError, EOFError)
 
 
+def expected(exc: BaseException) -> bool:
+    """Bad input, or a failure cgloop raises on purpose with a message (any error class of a
+    cgloop module, e.g. StackError, ServiceError): not a bug."""
+    if isinstance(exc, INPUT_ERRORS):
+        return True
+    return any(c.__module__.startswith("cgloop.") for c in type(exc).__mro__)
+
+
 def one_line(exc: BaseException) -> str:
     """The error as one line that names the input (file, field) when the exception knows it."""
     if isinstance(exc, ValidationError):

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from cgloop.config import KafkaSecurityError
-from cgloop.errors import INPUT_ERRORS, one_line
+from cgloop.errors import expected, one_line
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -45,14 +45,13 @@ class ErrorBoundary(TyperGroup):
             raise  # typer's own exits and usage errors already say what they must
         except KafkaSecurityError:
             raise  # main() names the setting and exits 2
-        except INPUT_ERRORS as exc:
-            if _debug(ctx):
-                raise
-            _err.print(f"[red]error[/red] {escape(one_line(exc))}", soft_wrap=True, highlight=False)
-            raise Exit(INPUT_ERROR_EXIT) from None
         except Exception as exc:
             if _debug(ctx):
                 raise
+            if expected(exc):
+                text = f"[red]error[/red] {escape(one_line(exc))}"
+                _err.print(text, soft_wrap=True, highlight=False)
+                raise Exit(INPUT_ERROR_EXIT) from None
             _err.print(
                 f"[red]internal error[/red] {escape(type(exc).__name__)}: {escape(one_line(exc))}"
                 f" (run with --debug or {DEBUG_ENV}=1 for the traceback)",
