@@ -11,6 +11,11 @@ Restarts never re-alert on old data:
   after a crash between the state write and the commit) is skipped;
 * the suppressor keeps an ongoing episode from alerting again after a restart, and detection ids
   are derived from (detector, subject, episode start), so any duplicate is recognisable.
+
+Input is decoded by the bus's strict decoder (`BatchConsumer` -> `cgloop.bus.codec.decode`), the
+same the sink uses: a message without the right type and schema-version headers, of another batch
+type, or with a record the decoder refuses (no source id, unreadable schema version) goes to the
+dead-letter topic with the reason and never reaches a detector.
 """
 
 from __future__ import annotations
