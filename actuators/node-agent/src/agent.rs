@@ -1036,7 +1036,8 @@ impl Inner {
             }
         }
         for p in &d.power_policies {
-            match self.power.restore(p) {
+            let allowed = self.guard().cores("policy.cores", &p.cores);
+            match allowed.and_then(|_| self.power.restore(p)) {
                 Ok(_) => self.desired.power = self.power.policies(),
                 Err(e) => warnings.push(format!("restoring power policy of cores {:?}: {e}", p.cores)),
             }
