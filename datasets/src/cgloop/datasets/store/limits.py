@@ -40,6 +40,11 @@ class QueryLimits(BaseSettings):
             "max_result_rows": str(self.max_result_rows),
             "max_result_bytes": str(self.max_result_bytes),
             "result_overflow_mode": "throw",
+            # Arrow strings as the exact bytes (Binary). Clients cannot change a setting under
+            # readonly=1, and clickhouse-connect refuses a request that would need one
+            # (`query_arrow(use_strings=False)`, which `cgloop dataset export` makes); asking
+            # for Binary, the lossless form, matches the server instead of failing.
+            "output_format_arrow_string_as_string": "0",
             "readonly": "1",
         }
 
