@@ -235,6 +235,8 @@ class AnalyticsEngine:
                     dscp = moved[0]
                 if p.dscp != dscp:
                     continue  # a probe of another queue than the one this flow is in
+                if not p.overdue:  # the path's delay variation, against which jitter is judged
+                    self.slo.on_path_delay(down[0].five_tuple, p.header.timestamp_ns, p.rtt_ns)
                 out += self._latency(key, down[0].five_tuple, p.header.timestamp_ns, p.rtt_ns)
         return out
 
@@ -294,6 +296,8 @@ class AnalyticsEngine:
             if which == "queue":
                 out += self.overload.on_int_queue(rec)
             elif which == "flow" and rec.end_to_end_latency_ns:
+                self.slo.on_path_delay(rec.five_tuple, rec.header.timestamp_ns,
+                                       rec.end_to_end_latency_ns)
                 out += self.slo.on_latency(rec.five_tuple, rec.header.timestamp_ns,
                                            rec.end_to_end_latency_ns)
         return out

@@ -5,16 +5,29 @@ samples), an upward CUSUM on the standardised deviation, and a state machine: an
 only when the CUSUM has tripped AND the value has been past the platform's SLO threshold for at
 least `min_duration`; it clears after `clear_hold` below `clear_ratio` x threshold (hysteresis).
 A single spike therefore never fires, and an ongoing episode fires once.
+
+Jitter is corroborated by the path. A flow's RFC 3550 jitter compares its packets' arrival
+times with the RTP timestamps its sender wrote: it counts the sender host's timing (a game
+server's or a client's process descheduled on a busy CPU sends late) as much as the network's
+queues. Queueing delay that varies by milliseconds between packets does so for every packet
+in the queue, the active probes and INT reports of the same path included; a busy sender's
+lateness shows in its own stream only. So, where the path's delay is measured (probe RTTs or
+INT latency matched to the flow's conversation, `on_path_delay`), a jitter breach fires only
+if that delay also varies: the median change between successive samples over the last
+`path_window_ns` reaches `path_jitter_ratio` x the jitter objective. Where nothing measures
+the path (pcaps, deployments without probes) jitter fires on its own, as before; the
+detection's `path_samples` evidence says which.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from cgloop.analytics.detectors.base import ev, make_detection
-from cgloop.analytics.records import NS, TupleKey, tuple_key
+from cgloop.analytics.records import NS, TupleKey, conversation_key, tuple_key
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
 from cgloop.v1.flow_pb2 import FlowRecord
@@ -76,7 +89,11 @@ class _Series:
         mad = float(np.median(np.abs(arr - med))) * 1.4826
         return med, max(mad, abs(self.threshold) * 0.05)
 
-    def update(self, t: int, x: float) -> dict | None:
+    def update(
+        self, t: int, x: float, corroborated: Callable[[], bool] | None = None
+    ) -> dict | None:
+        """One sample; a hit when an episode starts. `corroborated`, when given, is asked last:
+        False holds the episode back (the breach stays pending and fires once it is)."""
         med, sigma = self.baseline()
         z = (self._sign(x) - self._sign(med)) / sigma
         self.cusum = max(0.0, self.cusum + z - self.p.cusum_k)
@@ -95,6 +112,7 @@ class _Series:
                 over
                 and self.cusum > self.p.cusum_h
                 and t - self.over_since >= self.p.min_duration_ns
+                and (corroborated is None or corroborated())
             ):
                 self.in_episode, self.episode_start = True, self.over_since
                 return {
@@ -143,6 +161,9 @@ class SloDetector:
         max_flows: int = 10_000,
         idle_ns: int = 30 * NS,
         latency_params: SeriesParams | None = None,
+        path_window_ns: int = NS,
+        path_jitter_ratio: float = 0.5,
+        path_min_samples: int = 5,
     ) -> None:
         self.profiles = profiles or PLATFORM_SLOS
         self.params = params or SeriesParams()
@@ -151,6 +172,12 @@ class SloDetector:
         self.max_flows = max_flows
         self.idle_ns = idle_ns
         self.flows: dict[TupleKey, _Flow] = {}
+        self.path_window_ns = path_window_ns
+        self.path_jitter_ratio = path_jitter_ratio
+        self.path_min_samples = path_min_samples
+        # per conversation (both directions share the path): (time, delay ms) of the last window
+        self.paths: dict[TupleKey, deque[tuple[int, float]]] = {}
+        self.held_jitter = 0  # jitter breaches the path did not corroborate (samples)
 
     def watch(
         self, five_tuple: FiveTuple, platform: str, down: bool = True, t_ns: int = 0
@@ -180,12 +207,63 @@ class SloDetector:
     def watching(self, five_tuple: FiveTuple) -> bool:
         return tuple_key(five_tuple) in self.flows
 
+    def on_path_delay(self, five_tuple: FiveTuple, t_ns: int, delay_ns: float) -> None:
+        """A measured delay of the path a flow takes (a probe's RTT toward either end in the
+        flow's queue, an INT end-to-end latency): the evidence a jitter breach is checked
+        against. Lower bounds (overdue notices) are no measurement of variation."""
+        key = conversation_key(five_tuple)
+        samples = self.paths.get(key)
+        if samples is None:
+            if len(self.paths) >= self.max_flows:
+                oldest = min(self.paths, key=lambda k: self.paths[k][-1][0])
+                del self.paths[oldest]
+            samples = self.paths[key] = deque()
+        samples.append((t_ns, delay_ns / 1e6))
+        while samples and samples[-1][0] - samples[0][0] > self.path_window_ns:
+            samples.popleft()
+
+    def path_jitter(
+        self, five_tuple: FiveTuple, since_ns: int, t_ns: int
+    ) -> tuple[float, int] | None:
+        """(median |change| between successive path delays in ms, samples) from `since_ns` (the
+        breach's start: the path must vary while the flow's jitter is high) to `t_ns`, or the
+        last `path_min_samples` before `t_ns` when the span holds fewer; None when the path is
+        not measured there. The median: a late reply (the probing or the reflecting host
+        descheduled) moves it not at all, a queue whose delay varies moves most differences."""
+        samples = self.paths.get(conversation_key(five_tuple))
+        if not samples:
+            return None
+        upto = sorted(v for v in samples if v[0] <= t_ns)
+        span = [v for v in upto if v[0] >= since_ns]
+        if len(span) < self.path_min_samples:
+            span = upto[-self.path_min_samples:]
+        if len(span) < self.path_min_samples:
+            return None
+        delays = np.array([d for _, d in span])
+        return float(np.median(np.abs(np.diff(delays)))), len(span)
+
     def _sample(self, fl: _Flow, metric: str, t: int, x: float, window: tuple[int, int]):
-        hit = fl.series[metric].update(t, x)
+        s = fl.series[metric]
+        path: tuple[float, int] | None = None
+        need = s.threshold * self.path_jitter_ratio
+
+        def path_varies() -> bool:
+            nonlocal path
+            path = self.path_jitter(fl.five_tuple, s.over_since or t, t)
+            if path is None or path[0] >= need:
+                return True
+            self.held_jitter += 1
+            return False
+
+        hit = s.update(t, x, path_varies if metric == "jitter" else None)
         if hit is None:
             return None
+        extra = []
+        if metric == "jitter":
+            pj, n = path if path is not None else (0.0, 0)
+            extra = [ev("path_jitter_ms", pj, need, 0.0, "ms"),
+                     ev("path_samples", n, self.path_min_samples, 0.0, "samples")]
         kind, unit, name, _ = _METRICS[metric]
-        s = fl.series[metric]
         ratio = (hit["peak"] / s.threshold) if s.upward else (s.threshold / max(hit["peak"], 1e-9))
         severity = Severity.SEVERITY_MAJOR if ratio >= 2 else Severity.SEVERITY_MINOR
         params = s.p
@@ -198,6 +276,7 @@ class SloDetector:
                 ev("cusum", hit["cusum"], params.cusum_h, 0.0, "sigma"),
                 ev("duration_s", (t - hit["start"]) / NS, params.min_duration_ns / NS, 0.0,
                    "s"),
+                *extra,
             ],
             self.name, (hit["start"], window[1]), fl.five_tuple, hit["start"],
             labels={"platform": fl.platform, "metric": metric},
@@ -232,4 +311,6 @@ class SloDetector:
         idle = [k for k, f in self.flows.items() if now_ns - f.last_seen > self.idle_ns]
         for k in idle:
             del self.flows[k]
+        for k in [k for k, s in self.paths.items() if now_ns - s[-1][0] > self.idle_ns]:
+            del self.paths[k]
         return len(idle)
