@@ -170,6 +170,14 @@ def test_good_parameters_of_every_operation_load() -> None:
         validator.validate(yaml.safe_load(policy(op, params, level)))
 
 
+def test_bounds_name_parameters_of_the_operation_and_hold_its_own_values() -> None:
+    text = policy("set_class_rate", {"class_id": 0x10030, "rate_bps": 1000})
+    typo = errors(text + "guards:\n  bounds:\n    rate_bsp: {max: 10}\n")
+    assert "guards.bounds.rate_bsp: operation set_class_rate has no parameter rate_bsp" in typo[0]
+    outside = errors(text + "guards:\n  bounds:\n    rate_bps: {min: 5000}\n")
+    assert "the policy's own rate_bps 1000 is outside 5000.0..…" in outside[0]
+
+
 def test_global_operations_need_the_global_level() -> None:
     text = GOOD.replace(
         "operation: notify", "operation: onos_queue\n  parameters: {port: 1, queue_id: 2}"

@@ -279,6 +279,30 @@ class Policy(Strict):
     guards: Guards = Field(default_factory=Guards)
 
     @model_validator(mode="after")
+    def _bounds_name_parameters(self) -> Policy:
+        # A bound on a name the operation does not take would silently never apply; one the
+        # policy's own value breaks would refuse every action of the policy.
+        required, optional = parameter_names(self.action.operation)
+        for name, bound in self.guards.bounds.items():
+            if name not in required | optional:
+                raise ValueError(
+                    f"guards.bounds.{name}: operation {self.action.operation.value} has no "
+                    f"parameter {name} (it takes {', '.join(sorted(required | optional))})"
+                )
+            value = self.action.parameters.get(name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if (bound.min is not None and value < bound.min) or (
+                bound.max is not None and value > bound.max
+            ):
+                raise ValueError(
+                    f"guards.bounds.{name}: the policy's own {name} {value:g} is outside "
+                    f"{bound.min if bound.min is not None else '…'}.."
+                    f"{bound.max if bound.max is not None else '…'}"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _level_fits_operation(self) -> Policy:
         onos = {Operation.ONOS_FLOW_RULE, Operation.ONOS_QUEUE, Operation.SET_CHAIN}
         if self.action.operation in onos and self.level is not Level.GLOBAL:
