@@ -30,9 +30,8 @@ pytestmark = pytest.mark.kafka
 MS = 1_000_000
 
 
-def _policy(run: str) -> model.Policy:
-    (p,) = model.parse_policies(
-        f"""
+def _policy_text(run: str, within: str = "1s") -> str:
+    return f"""
 id: kafka-gaming
 match:
   kinds: [slo_latency]
@@ -48,13 +47,16 @@ action:
     metric: probe.p99_rtt_ns
     comparator: less_than
     value: 30000000
-    within: 1s
+    within: {within}
     baseline_window: 60s  # the feed may take seconds to join its group
   rollback_on: [worse]
 guards:
   hold_time: 10s
 """
-    )
+
+
+def _policy(run: str) -> model.Policy:
+    (p,) = model.parse_policies(_policy_text(run))
     return p
 
 
@@ -469,3 +471,157 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     for words in bad.values():
         assert any(words in r for r in reasons), (words, reasons)
     assert all(x.topic == "cgloop.detections.v1" and x.key == run.encode() for x in mine)
+
+
+def _actions_topic_writable(bootstrap: str, writable: bool) -> None:
+    """Kafka's own way to make the engine's writes fail without touching the engine: a topic
+    whose largest accepted batch is 1 byte refuses every write (message too large, not
+    retried), so nothing the engine sends meanwhile is appended."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    entry = ConfigEntry(
+        "max.message.bytes",
+        None if writable else "1",
+        incremental_operation=AlterConfigOpType.DELETE if writable else AlterConfigOpType.SET,
+    )
+    resource = ConfigResource(ResourceType.TOPIC, "cgloop.actions.v1", incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def test_kill_9_of_cgloop_policy_run_loses_no_journaled_result(
+    stack_settings, tmp_path: Path
+) -> None:
+    """The real process: `cgloop policy run` applies five actions, Kafka stops accepting its
+    writes to the actions topic (after the detections' offsets are committed), it verifies the
+    actions (journaled) and is killed with SIGKILL before any verification reached the bus.
+    Restarted on its journal, it publishes every verification; nothing is applied twice.
+    (Before the fix the verifications were lost: no detection is redelivered to bring them
+    back.)"""
+    import os
+    import signal
+    import subprocess
+
+    from cgloop.testing import cgloop_cmd
+    from confluent_kafka import Producer
+
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    group = f"policy-{run}"
+    source = f"policy-engine-{run}"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    policy_file = tmp_path / "policy.yaml"
+    # Verified "not checked" (no probes) `within` + 3 s after the apply: time enough to make
+    # the actions topic refuse writes first.
+    policy_file.write_text(_policy_text(run, within="4s"))
+    journal_path = tmp_path / "journal.jsonl"
+    env = {
+        **os.environ,
+        "CGLOOP_STATE_DIR": str(tmp_path / "state"),
+        "CGLOOP_KAFKA_BOOTSTRAP": bootstrap,
+    }
+
+    def journal_states() -> list[int]:
+        entries: dict[str, int] = {}
+        for entry in Journal._read(journal_path):
+            entries[entry.action.id] = entry.state
+        return list(entries.values())
+
+    audit = BatchConsumer(bootstrap, f"audit-{run}", ["cgloop.actions.v1"])
+    seen: list[apb.ActionEvent] = []
+
+    def read_audit() -> list[apb.ActionEvent]:
+        item = audit.poll(0.2)
+        while item is not None:
+            for ev in item[1].events:
+                header = ev.action.header if ev.HasField("action") else ev.result.header
+                if header.source_id == source:
+                    seen.append(ev)
+            item = audit.poll(0.05)
+        return seen
+
+    def published(state: int) -> int:
+        read_audit()
+        return sum(1 for ev in seen if ev.HasField("result") and ev.result.state == state)
+
+    def engine() -> subprocess.Popen:
+        cmd = cgloop_cmd(
+            "policy", "run", str(policy_file),
+            "--agent", f"node-a={agent.address}",
+            "--journal", str(journal_path),
+            "--group", group,
+            "--source-id", source,
+        )  # fmt: skip
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    with AgentServer(MemoryNodeAgent("node-a")) as agent:
+        first = engine()
+        try:
+            offsets: list[tuple[int, int]] = []
+            producer = Producer({"bootstrap.servers": bootstrap})
+            for i in range(5):
+                batch = dpb.DetectionBatch(
+                    records=[detection(time.time_ns(), client=f"10.80.0.{i + 1}", labels=labels)]
+                )
+                producer.produce(
+                    "cgloop.detections.v1",
+                    batch.SerializeToString(),
+                    key=run,
+                    headers=headers_for(batch),
+                    on_delivery=lambda err, msg: offsets.append((msg.partition(), msg.offset())),
+                )
+            producer.flush(10)
+            partition, last = offsets[0][0], max(o for _, o in offsets)
+            _wait(
+                lambda: published(apb.ACTION_STATE_APPLIED) == 5,
+                90,
+                "five actions applied and announced",
+            )
+            _wait(
+                lambda: _committed(bootstrap, group, partition) == last + 1,
+                30,
+                "the detections' offsets committed",
+            )
+            _actions_topic_writable(bootstrap, False)
+            try:
+                _wait(
+                    lambda: journal_states().count(apb.ACTION_STATE_VERIFIED) == 5,
+                    60,
+                    "five verifications in the journal",
+                )
+                first.send_signal(signal.SIGKILL)
+                first.wait(30)
+            finally:
+                _actions_topic_writable(bootstrap, True)
+            assert published(apb.ACTION_STATE_VERIFIED) == 0
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait(30)
+        journaled = {e.action.id: e.result for e in Journal._read(journal_path) if e.result}
+        second = engine()
+        try:
+            _wait(
+                lambda: published(apb.ACTION_STATE_VERIFIED) >= 5,
+                90,
+                "the verifications on the actions topic after the restart",
+            )
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(60)
+            audit.close()
+        assert agent.agent.changes == 5  # nothing applied twice
+    on_bus = {
+        ev.result.action_id: ev.result
+        for ev in seen
+        if ev.HasField("result") and ev.result.state == apb.ACTION_STATE_VERIFIED
+    }
+    assert len(journaled) == 5
+    assert on_bus == journaled  # exactly as the journal says
