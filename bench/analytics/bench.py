@@ -71,7 +71,7 @@ def bench_worker(model, version, n_records: int, rate: float) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="cgloop-bench-analytics-"))
     settings = Settings(state_dir=tmp / "state", cache_dir=(root / ".cache") if root else None,
                         kafka_port=free_port(), kafka_controller_port=free_port(),
-                        store_port=free_port())
+                        store_port=free_port(), kafka_broker_security="plaintext")
     stack = Stack(settings)
     try:
         assert stack.up().healthy

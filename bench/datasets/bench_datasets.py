@@ -353,6 +353,7 @@ def run_ingest(rows: int, shape: str) -> None:
             kafka_port=free_port(),
             kafka_controller_port=free_port(),
             store_port=free_port(),
+            kafka_broker_security="plaintext",  # the recorded baselines had no TLS
         )
         stack = Stack(settings, sink=False)  # the stack's own sink would compete for the CPUs
         stack.up()

@@ -375,6 +375,7 @@ def bench_kafka(seconds: float = 5.0) -> None:
         kafka_port=free_port(),
         kafka_controller_port=free_port(),
         store_port=free_port(),
+        kafka_broker_security="plaintext",  # the recorded baselines had no TLS
     )
     stack = Stack(settings, sink=False)  # the store is not measured here
     status = stack.up()

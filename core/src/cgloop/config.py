@@ -214,9 +214,10 @@ class Settings(BaseSettings):
     # Set to use an existing broker or ClickHouse server instead of the embedded ones.
     kafka_bootstrap: str | None = None
     store_url: str | None = None
-    # The embedded broker: `sasl_ssl` makes `cgloop up` require TLS + SCRAM on its client
-    # listener (credentials generated into state_dir/kafka; clients find them there).
-    kafka_broker_security: Literal["plaintext", "sasl_ssl"] = "plaintext"
+    # The embedded broker: `sasl_ssl` (default) makes `cgloop up` require TLS + SCRAM on its
+    # client listener (credentials generated into state_dir/kafka; clients find them there);
+    # `plaintext` lets any local process read and write its topics.
+    kafka_broker_security: Literal["plaintext", "sasl_ssl"] = "sasl_ssl"
     # Kafka client security (every producer, consumer and admin client; see KafkaClientSecurity).
     kafka_security_protocol: str | None = None
     kafka_sasl_mechanism: str | None = None

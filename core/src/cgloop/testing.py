@@ -52,6 +52,9 @@ def private_settings(state_dir: Path) -> Settings:
         kafka_port=free_port(),
         kafka_controller_port=free_port(),
         store_port=free_port(),
+        # Tests hand their clients a bare bootstrap address; a test of authentication asks
+        # for `sasl_ssl` itself (tests/test_kafka_auth.py).
+        kafka_broker_security="plaintext",
     )
 
 

@@ -39,8 +39,16 @@ def _how_to_query() -> None:
         f"  curl '{s.store_http_url}/?query=SELECT+version()'\n"
         f"  python: clickhouse_connect.get_client(dsn='{s.store_http_url}')\n"
         f"  Kafka bootstrap: {s.bootstrap_servers}  (topics: cgloop.*.v1)\n"
-        f"  state and logs: {s.state_dir}\n"
+        f"  state and logs: {s.state_dir}\n",
+        highlight=False,
     )
+    if env := s.kafka_security().env():
+        # Names and file paths only: the password stays in its 0600 file.
+        _out.print(
+            "[bold]Kafka requires a login[/] (cgloop's own commands find it; for other "
+            "clients):\n" + "".join(f"  export {k}={escape(v)}\n" for k, v in env.items()),
+            highlight=False,
+        )
 
 
 def up(
