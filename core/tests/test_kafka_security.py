@@ -177,3 +177,11 @@ def test_empty_variables_count_as_unset(monkeypatch) -> None:
         "bootstrap.servers": "h:1",
         "security.protocol": "PLAINTEXT",
     }
+
+
+def test_a_bad_broker_security_names_the_variable() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="CGLOOP_KAFKA_BROKER_SECURITY='tls'"):
+        Settings(kafka_broker_security="tls")
+    assert Settings(kafka_broker_security="SASL_SSL").kafka_broker_security == "sasl_ssl"

@@ -227,6 +227,17 @@ class Settings(BaseSettings):
     kafka_ssl_ca_location: Path | None = None
     kafka_ssl_certificate_location: Path | None = None
     kafka_ssl_key_location: Path | None = None
+
+    @field_validator("kafka_broker_security", mode="before")
+    @classmethod
+    def _broker_security(cls, value: object) -> object:
+        choices = ("plaintext", "sasl_ssl")
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise ValueError(
+            f"CGLOOP_KAFKA_BROKER_SECURITY={value!r} is not one of {', '.join(choices)}"
+        )
+
     _kafka_empty_is_unset = field_validator(
         *(f"kafka_{name}" for name in KafkaClientSecurity.model_fields), mode="before"
     )(_none_if_blank)
