@@ -185,3 +185,23 @@ def test_a_bad_broker_security_names_the_variable() -> None:
     with pytest.raises(ValidationError, match="CGLOOP_KAFKA_BROKER_SECURITY='tls'"):
         Settings(kafka_broker_security="tls")
     assert Settings(kafka_broker_security="SASL_SSL").kafka_broker_security == "sasl_ssl"
+
+
+def test_credentials_of_another_user_are_named_not_ignored(tmp_path: Path, monkeypatch) -> None:
+    path = embedded_client_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("{}")
+    path.chmod(0)
+    if os.geteuid() == 0:  # root reads every file: refuse as the kernel would another user
+        real = Path.read_bytes
+
+        def read_bytes(self: Path) -> bytes:
+            if self == path:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+
+        monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    # Another broker is not this record's business.
+    assert Settings(state_dir=tmp_path).kafka_config("h:1") == {"bootstrap.servers": "h:1"}
+    with pytest.raises(KafkaSecurityError, match="readable only by the user who ran"):
+        Settings(state_dir=tmp_path, kafka_port=19092).kafka_config()

@@ -259,10 +259,17 @@ class Settings(BaseSettings):
         )
         if explicit.is_set():
             return explicit
+        record = embedded_client_file(self.state_dir)
         try:
-            recorded = EmbeddedClient.model_validate_json(
-                embedded_client_file(self.state_dir).read_bytes()
-            )
+            recorded = EmbeddedClient.model_validate_json(record.read_bytes())
+        except PermissionError:
+            embedded = f"{self.host}:{self.kafka_port}"
+            if self.kafka_bootstrap is None and (bootstrap or embedded) == embedded:
+                raise KafkaSecurityError(
+                    f"the broker at {embedded} requires a login, and its credentials ({record}) "
+                    "are readable only by the user who ran `cgloop up`"
+                ) from None
+            return explicit
         except (OSError, ValidationError, json.JSONDecodeError):
             return explicit
         if recorded.bootstrap == (bootstrap or self.bootstrap_servers):

@@ -99,7 +99,7 @@ def main() -> None:
     load_components(app)
     # Children (Rust producers too) log in as this process does. A bad CGLOOP_* setting is
     # reported by the command that reads it.
-    with contextlib.suppress(ValidationError):
+    with contextlib.suppress(ValidationError, KafkaSecurityError):
         export_kafka_security()
     try:
         app(prog_name="cgloop")
