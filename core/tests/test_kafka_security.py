@@ -205,3 +205,9 @@ def test_credentials_of_another_user_are_named_not_ignored(tmp_path: Path, monke
     assert Settings(state_dir=tmp_path).kafka_config("h:1") == {"bootstrap.servers": "h:1"}
     with pytest.raises(KafkaSecurityError, match="readable only by the user who ran"):
         Settings(state_dir=tmp_path, kafka_port=19092).kafka_config()
+
+
+def test_a_child_gets_every_variable_so_none_is_inherited_stale() -> None:
+    env = KafkaClientSecurity().env()
+    assert set(env) == set(SECURITY_VARS) and not any(env.values())
+    assert Settings().kafka_security().properties() == {}

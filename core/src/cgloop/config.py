@@ -144,16 +144,17 @@ class KafkaClientSecurity(BaseModel):
         return props
 
     def env(self) -> dict[str, str]:
-        """The CGLOOP_KAFKA_* variables that give a child process (Python or Rust) these
-        settings; an inline password is passed as it came, a password file by its path."""
+        """Every CGLOOP_KAFKA_* variable, giving a child process (Python or Rust) exactly these
+        settings: unset ones empty (= unset), so none is inherited from this process; an inline
+        password is passed as it came, a password file by its path."""
         env = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if value is None:
-                continue
             env[_var(name)] = (
-                value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-            )
+                "" if value is None
+                else value.get_secret_value() if isinstance(value, SecretStr)
+                else str(value)
+            )  # fmt: skip
         return env
 
 

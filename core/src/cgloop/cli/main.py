@@ -93,14 +93,16 @@ def load_components(root: typer.Typer) -> list[str]:
 
 
 def main() -> None:
-    from cgloop.config import KafkaSecurityError, export_kafka_security
+    from cgloop.config import KafkaSecurityError, export_kafka_security, settings
     from pydantic import ValidationError
 
     load_components(app)
     # Children (Rust producers too) log in as this process does. A bad CGLOOP_* setting is
-    # reported by the command that reads it.
+    # reported by the command that reads it. With the embedded broker's security turned off,
+    # a login recorded earlier is stale: `up` removes it as it restarts the broker.
     with contextlib.suppress(ValidationError, KafkaSecurityError):
-        export_kafka_security()
+        if settings().kafka_broker_security == "sasl_ssl":
+            export_kafka_security()
     try:
         app(prog_name="cgloop")
     except KafkaSecurityError as exc:  # a bad CGLOOP_KAFKA_* value: named, no traceback

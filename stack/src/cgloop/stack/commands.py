@@ -42,7 +42,7 @@ def _how_to_query() -> None:
         f"  state and logs: {s.state_dir}\n",
         highlight=False,
     )
-    if env := s.kafka_security().env():
+    if env := {k: v for k, v in s.kafka_security().env().items() if v}:
         # Names and file paths only: the password stays in its 0600 file.
         _out.print(
             "[bold]Kafka requires a login[/] (cgloop's own commands find it; for other "
