@@ -462,7 +462,8 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     try:
         while time.monotonic() < deadline and len(mine) < len(bad):
             item = letters.poll(1.0)
-            if item is not None and item[1].consumer_group == group:
+            # (The group also reads, and refuses, other tests' poison on this module's broker.)
+            if item is not None and item[1].consumer_group == group and item[1].key == run.encode():
                 mine.append(item[1])
     finally:
         letters.close()
@@ -470,7 +471,8 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     reasons = [x.reason for x in mine]
     for words in bad.values():
         assert any(words in r for r in reasons), (words, reasons)
-    assert all(x.topic == "cgloop.detections.v1" and x.key == run.encode() for x in mine)
+    assert len(mine) == len(bad)
+    assert all(x.topic == "cgloop.detections.v1" for x in mine)
 
 
 def _actions_topic_writable(bootstrap: str, writable: bool) -> None:
