@@ -3,10 +3,14 @@
 `flow_stats_1m` keeps mergeable states (t-digests, summed histograms), which every read must merge
 and finalise. A
 closed minute's quantiles never change (unless late rows arrive), so `close_minutes` computes
-them once: it finds the minutes whose states were written after they were last finalised
-(`flow_stats_1m.ingested_at` against `flow_minutes_closed.finalised_at`), keeps those that are
-closed (a later minute has data, or the minute ended more than `grace_s` ago), and inserts their
-finalised rows. Running it again is harmless: a minute already finalised and not touched since is
+them once: it finds the minutes whose states changed since they were last finalised, keeps those
+that are closed (a later minute has data, or the minute ended more than `grace_s` ago), and
+inserts their finalised rows. A minute changed when its counters (records, packets, bytes, lost
+and dropped packets, summed over the minute) differ from its finalised rows' — whenever the rows
+arrived, so an insert that started before a pass and committed after it is caught by the next
+pass however long it ran — or when its states were written (`flow_stats_1m.ingested_at`, the
+second an insert *started*) after, or up to SLACK_S before, its last finalisation (INT latency
+states, which move no counter). Running it again is harmless: a minute already finalised and not touched since is
 skipped; one touched again is finalised again and the newer version replaces the older one
 (ReplacingMergeTree on `finalised_at`). Stateless, so any number of sinks may run it.
 """
@@ -37,18 +41,28 @@ def histogram_quantiles(histogram: str, fallback: str) -> str:
     )
 
 
-# The minutes to (re)finalise: closed, and touched after their last finalisation or up to
-# SLACK_S before it (ingested_at is the second an insert *started*; an insert still running
-# when a pass read the states is caught by the next passes). An unfinalised minute joins
-# with done = 1970, so it is always taken.
+# The minutes to (re)finalise: closed, and either their counters differ from those of their
+# newest finalised rows (rows committed after a pass read the states: caught whatever the
+# insert's duration; under CPU load an insert can outlast the slack) or they were touched
+# after their last finalisation or up to SLACK_S before it (ingested_at is the second an
+# insert *started*; this covers INT latency states, which change no counter). An unfinalised
+# minute joins with done = 1970, so it is always taken.
+_COUNTERS = (
+    "sum(records) AS records, sum(packets) AS packets, sum(bytes) AS bytes,"
+    " sum(lost_packets) AS lost, sum(dropped_packets) AS dropped"
+)
 _TOUCHED = f"""
 SELECT s.window FROM (
-    SELECT window, max(ingested_at) AS touched FROM {DATABASE}.flow_stats_1m GROUP BY window
+    SELECT window, max(ingested_at) AS touched, {_COUNTERS}
+    FROM {DATABASE}.flow_stats_1m GROUP BY window
 ) AS s
 LEFT JOIN (
-    SELECT minute AS window, max(finalised_at) AS done FROM {TABLE} GROUP BY window
+    SELECT minute AS window, max(finalised_at) AS done, {_COUNTERS}
+    FROM {TABLE} FINAL GROUP BY window
 ) AS f USING (window)
-WHERE s.touched + INTERVAL {{slack:UInt32}} SECOND >= f.done
+WHERE (s.touched + INTERVAL {{slack:UInt32}} SECOND >= f.done
+       OR (s.records, s.packets, s.bytes, s.lost, s.dropped)
+          != (f.records, f.packets, f.bytes, f.lost, f.dropped))
   AND (s.window < (SELECT max(window) FROM {DATABASE}.flow_stats_1m)
        OR s.window + INTERVAL 60 + {{grace:UInt32}} SECOND <= now())
 ORDER BY s.window
