@@ -10,9 +10,9 @@ and dropped packets, summed over the minute) differ from its finalised rows' —
 arrived, so an insert that started before a pass and committed after it is caught by the next
 pass however long it ran — or when its states were written (`flow_stats_1m.ingested_at`, the
 second an insert *started*) after, or up to SLACK_S before, its last finalisation (INT latency
-states, which move no counter). Running it again is harmless: a minute already finalised and not touched since is
-skipped; one touched again is finalised again and the newer version replaces the older one
-(ReplacingMergeTree on `finalised_at`). Stateless, so any number of sinks may run it.
+states, which move no counter). Running it again is harmless: a minute already finalised and
+not changed since is skipped; one changed is finalised again and the newer version replaces the
+older one (ReplacingMergeTree on `finalised_at`). Stateless, so any number of sinks may run it.
 """
 
 from __future__ import annotations
