@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import ipaddress
 import json
 import os
 import re
@@ -289,6 +290,19 @@ def test_loop_services_take_the_kafka_security_settings(project: Project) -> Non
             "CGLOOP_KAFKA_SSL_CA_LOCATION",
         ):
             assert var in env, f"{name} does not pass {var} through"
+
+
+def test_the_int_collector_starts_on_its_published_address(project: Project) -> None:
+    """The collector refuses a non-loopback listen address without named report sources
+    (INT has no integrity check): compose must name them, as valid CIDRs, or it cannot start."""
+    env = service(project, "int-collector").get("environment") or {}
+    host = env["CGLOOP_INT_LISTEN"].rsplit(":", 1)[0].strip("[]")
+    if ipaddress.ip_address(host).is_loopback or env.get("CGLOOP_INT_ALLOW_ANY_SOURCE"):
+        return
+    sources = (env.get("CGLOOP_INT_ALLOW_SOURCE") or "").split()
+    assert sources, "int-collector listens beyond loopback but names no report source"
+    for cidr in sources:
+        ipaddress.ip_network(cidr)  # raises on anything the collector would refuse
 
 
 def test_datapath_services_can_load_bpf(project: Project) -> None:
