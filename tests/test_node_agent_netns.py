@@ -577,6 +577,61 @@ def test_bounds_hold_for_chain_targets_cores_and_child_rates(lab):
     assert gaming.ceil_bps == 100_000_000, "the kernel got the faster class"
 
 
+def test_the_memory_agent_refuses_what_the_real_agent_refuses(lab):
+    """The policy engine's tests run against MemoryNodeAgent (cgloop.policy.testing): a double
+    that accepted what the real agent refuses hid a broken contract before. The same
+    out-of-bounds requests go to both, with the same bounds; both refuse each one with the
+    same status code, and both accept the one in bounds."""
+    from cgloop.policy.testing import AgentBounds, AgentServer, MemoryNodeAgent
+
+    real = lab.stub()
+    apply(real, lab)
+    fake_agent = MemoryNodeAgent(
+        "fake", bounds=AgentBounds(interfaces=[lab.if_a], max_rate_bps=1_000_000_000)
+    )
+    for q in real.GetState(na.GetStateRequest(), timeout=10).state.queues:
+        for c in q.classes:
+            fake_agent.state.classes[(lab.if_a, c.class_id)] = c
+    basic, adv = na.FUNCTION_KIND_BASIC, na.FUNCTION_KIND_ADVANCED
+    pinned = chain("gaming", ("dpi", adv, {"pattern": "x", "dscp": "1"}))
+    pinned.functions[0].core = 9999
+
+    def rate(bps: int, iface: str = lab.if_a) -> na.SetClassRateRequest:
+        return na.SetClassRateRequest(
+            interface_name=iface, class_id=GAMING, rate_bps=bps, ceil_bps=bps)
+
+    requests = {  # name: (method, request, expected status)
+        "mirror to lo": ("SetChain", na.SetChainRequest(
+            chain=chain("gaming", ("mirror", basic, {"interface": "lo"}))),
+            grpc.StatusCode.PERMISSION_DENIED),
+        "mirror to the peer": ("SetChain", na.SetChainRequest(
+            chain=chain("gaming", ("mirror", basic, {"interface": lab.if_b}))),
+            grpc.StatusCode.PERMISSION_DENIED),
+        "core 9999": ("SetChain", na.SetChainRequest(chain=pinned),
+                      grpc.StatusCode.INVALID_ARGUMENT),
+        "child over its parent": ("SetClassRate", rate(500_000_000),
+                                  grpc.StatusCode.INVALID_ARGUMENT),
+        "below the minimum rate": ("SetClassRate", rate(1_000), grpc.StatusCode.OUT_OF_RANGE),
+        "interface out of bounds": ("SetClassRate", rate(10_000_000, "lo"),
+                                    grpc.StatusCode.PERMISSION_DENIED),
+        "in bounds": ("SetClassRate", rate(10_000_000), grpc.StatusCode.OK),
+    }
+    with AgentServer(fake_agent) as server:
+        fake = node_agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(server.address))
+        for name, (method, request, expected) in requests.items():
+            codes = []
+            for who, stub in (("real", real), ("fake", fake)):
+                req = type(request)()
+                req.CopyFrom(request)
+                req.action_id = f"{who}-{name}"
+                try:
+                    getattr(stub, method)(req, timeout=10)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+            assert codes == [expected, expected], f"{name}: real, fake answered {codes}"
+
+
 def test_mutual_tls_refuses_clients_without_a_lab_certificate(lab, tmp_path):
     no_cert = lab.stub(lab.credentials(with_client_cert=False))
     with pytest.raises(grpc.RpcError) as err:

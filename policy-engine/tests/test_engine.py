@@ -12,6 +12,7 @@ from cgloop.policy.engine import Engine
 from cgloop.policy.journal import Journal
 from cgloop.policy.telemetry import WindowStore
 from cgloop.policy.testing import (
+    AgentBounds,
     AgentServer,
     ManualClock,
     MemoryNodeAgent,
@@ -48,7 +49,9 @@ def policy(text: str = POLICY, **override: object) -> model.Policy:
 
 @pytest.fixture
 def agent() -> Iterator[AgentServer]:
-    with AgentServer(MemoryNodeAgent("node-a")) as server:
+    # A 4-core node: the shipped power and chain policies name cores 2 and 3.
+    node = MemoryNodeAgent("node-a", bounds=AgentBounds(online_cpus=[0, 1, 2, 3]))
+    with AgentServer(node) as server:
         yield server
 
 
