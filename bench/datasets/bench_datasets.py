@@ -331,19 +331,21 @@ def bench_stages(rows: int, shape: str, bootstrap: str) -> None:
 def run_ingest(rows: int, shape: str) -> None:
     """A Kafka broker for both schemas, the records produced once, each schema measured in a
     process of its own (chDB: one data folder per process), old and new alternating twice."""
-    from cgloop.bus.codec import decode
+    from cgloop.bus.codec import decode, headers_for
     from cgloop.bus.kafka import BatchProducer
     from cgloop.bus.topics import topic
     from cgloop.config import Settings
     from cgloop.stack.stack import Stack
     from cgloop.testing import ROOT, free_port
+    from cgloop.v1.flow_pb2 import FlowRecordBatch
 
     print(f"building {rows:,} distinct flow records ({SHAPE_TEXT[shape]}) ...", flush=True)
     messages = _messages(rows, shape)
     t = topic("cgloop.flows.v1")
     start = time.perf_counter()
+    headers = headers_for(FlowRecordBatch())
     for _, p in messages:
-        decode(t, p)
+        decode(t, p, headers)
     python_rate = rows / (time.perf_counter() - start)
     results: dict[str, dict[str, list[float]]] = {s: {} for s in SCHEMAS}
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
@@ -359,8 +361,9 @@ def run_ingest(rows: int, shape: str) -> None:
         stack.up()
         try:
             producer = BatchProducer(settings.bootstrap_servers, **{"message.max.bytes": 8 << 20})
+            # The headers every producer sets: the sink refuses messages without them.
             for key, p in messages:  # keyed by flow bucket, as the probe keys them
-                producer.send_raw("cgloop.flows.v1", p, key=key)
+                producer.send_raw("cgloop.flows.v1", p, key=key, headers=headers)
             producer.flush(120)
             del messages
             cmd = [sys.executable, __file__, "--only", "stages", "--rows", str(rows),
