@@ -369,6 +369,7 @@ class AnalyticsEngine:
             "conversations": len(self.convs),
             "records": sum(len(c.records) for c in self.convs.values()),
             "slo_flows": len(self.slo.flows),
+            "slo_paths": len(self.slo.paths),
             "l4s_flows": len(self.l4s.flows),
             "overload_subjects": len(self.overload.subjects),
         }

@@ -211,6 +211,9 @@ class SloDetector:
         """A measured delay of the path a flow takes (a probe's RTT toward either end in the
         flow's queue, an INT end-to-end latency): the evidence a jitter breach is checked
         against. Lower bounds (overdue notices) are no measurement of variation."""
+        fwd = tuple_key(five_tuple)
+        if fwd not in self.flows and (fwd[1], fwd[0], fwd[3], fwd[2], fwd[4]) not in self.flows:
+            return  # only the paths of watched flows are kept (INT reports every flow)
         key = conversation_key(five_tuple)
         samples = self.paths.get(key)
         if samples is None:
