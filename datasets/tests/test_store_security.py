@@ -4,9 +4,7 @@ for the others (issue 17, findings 1 and 2: each test reproduces one report)."""
 from __future__ import annotations
 
 import functools
-import os
 import shutil
-import subprocess
 import threading
 import time
 import tracemalloc
@@ -19,7 +17,7 @@ import httpx
 import pytest
 from cgloop.datasets.store.limits import BodyTooLarge, inflate
 from cgloop.datasets.store.migrations import default_migrations_dir
-from cgloop.testing import cgloop_cmd, free_port, wait_for_store
+from cgloop.testing import StoreServer, free_port
 
 FIRST_MIGRATION = "0001_cgloop_database.sql"
 SECRET = "-----BEGIN PRIVATE KEY----- not-really-a-ca-key"
@@ -35,7 +33,7 @@ def assert_refused(reply: httpx.Response, *codes: int) -> None:
     assert code in codes and reply.text.startswith(f"Code: {code}. DB::Exception"), reply.text
 
 
-class TightStore:
+class TightStore(StoreServer):
     """`cgloop store serve` on a fresh folder, its limits set by the environment as an
     operator would, with only the first migration (the whole schema would take most of the
     start-up time and none of these tests reads it)."""
@@ -44,36 +42,9 @@ class TightStore:
         migrations = folder / "migrations"
         migrations.mkdir(parents=True)
         shutil.copy(default_migrations_dir() / FIRST_MIGRATION, migrations)
-        self.url = f"http://127.0.0.1:{(port := free_port())}"
-        self.proc = subprocess.Popen(
-            cgloop_cmd(
-                "store",
-                "serve",
-                "--path",
-                str(folder / "store"),
-                "--port",
-                str(port),
-                "--migrations",
-                str(migrations),
-            ),
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        super().__init__(
+            folder / "store", free_port(), ("--migrations", str(migrations)), env=env
         )
-        try:
-            wait_for_store(self.url, self.proc, lambda: self.proc.stdout.read())
-        except RuntimeError:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")

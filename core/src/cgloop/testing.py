@@ -63,11 +63,21 @@ def cgloop_cmd(*args: str) -> list[str]:
 
 
 class StoreServer:
-    def __init__(self, path: Path, port: int) -> None:
+    """`cgloop store serve` on `path`; `args` are more of its options (e.g. `--migrations`),
+    `env` more environment (e.g. the endpoint's limits, set as an operator would)."""
+
+    def __init__(
+        self,
+        path: Path,
+        port: int,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.path, self.port = path, port
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port)),
+            cgloop_cmd("store", "serve", "--path", str(path), "--port", str(port), *args),
+            env={**os.environ, **env} if env else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
