@@ -273,7 +273,12 @@ impl Known {
                     nested.check(at.bytes(b)?)?;
                 }
                 Some(_) => skip(tag, wt, b)?,
-                None => return Err(WireError::Unknown { message: self.message, tag }),
+                None => {
+                    return Err(WireError::Unknown {
+                        message: self.message,
+                        tag,
+                    })
+                }
             }
         }
         Ok(())
@@ -878,7 +883,7 @@ mod tests {
         let Some(Record::Hop(hop)) = sample.records[0].record.clone() else {
             panic!("the sample's first record is a hop record")
         };
-        let mut inner = hop.hop.clone().expect("a hop").encode_to_vec();
+        let mut inner = hop.hop.expect("a hop").encode_to_vec();
         encode_key(15, WireType::Varint, &mut inner);
         encode_varint(1, &mut inner);
         let mut body = IntHopRecord { hop: None, ..hop }.encode_to_vec();
@@ -895,6 +900,9 @@ mod tests {
         batch.extend_from_slice(&record);
         assert!(IntRecordBatch::decode(&batch[..]).is_ok(), "prost skips it");
         let err = int_to_arrow(&[good, batch]).expect_err("unknown field");
-        assert!(err.to_string().ends_with("IntHop: unknown field 15"), "{err}");
+        assert!(
+            err.to_string().ends_with("IntHop: unknown field 15"),
+            "{err}"
+        );
     }
 }

@@ -323,7 +323,8 @@ impl<C: Batch> Encoder<C> {
         self.columns.reset(rows);
         for (index, payload) in payloads.iter().enumerate() {
             let version = versions.and_then(|v| v.get(index).copied());
-            self.columns.append_payload(index, payload.as_ref(), version)?;
+            self.columns
+                .append_payload(index, payload.as_ref(), version)?;
         }
         Ok(())
     }
@@ -457,7 +458,10 @@ fn for_each_record<'p, C: Batch>(
         } else {
             // The strict decoder refuses a field its batch type does not have (a batch of
             // another type often parses as this one otherwise).
-            return Err(decode_error(record, unknown(C::MESSAGE, tag, wire_type, &mut buf)));
+            return Err(decode_error(
+                record,
+                unknown(C::MESSAGE, tag, wire_type, &mut buf),
+            ));
         }
     }
     if record == 0 {
