@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,7 @@ from cgloop.loop.services import (
     agent_binary,
     bridge_argv,
     cgloop_exe,
+    group_caught_up,
     group_ready,
     probe_binary,
     settings_env,
@@ -38,6 +40,12 @@ from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
 
 LOOP_POLICIES = "policies"
+# What the analytics worker consumes (cgloop.analytics.worker.INPUT_TOPICS; not imported: the
+# loop starts the worker as a process and does not load analytics in its own).
+ANALYTICS_TOPICS = (
+    "cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1",
+    "cgloop.actions.v1",
+)
 
 
 def write_policies(folder: Path, plan: EdgePlan) -> Path:
@@ -214,7 +222,12 @@ class ClosedLoop:
         env = {**settings_env(self.settings), "PYTHONUNBUFFERED": "1"}
         analytics = s.spawn_host("analytics", analytics_argv, env=env)
         s.wait_for(analytics, group_ready(self.settings.bootstrap_servers, analytics_group), 90)
-        say("analytics worker")
+        # Ready means caught up: the records written while it loaded its model are handled,
+        # so what it detects from now on is current.
+        t = time.monotonic()
+        s.wait_for(analytics, group_caught_up(
+            self.settings.bootstrap_servers, analytics_group, ANALYTICS_TOPICS), 120)
+        say(f"analytics worker (caught up in {time.monotonic() - t:.1f} s)")
 
         if o.enabled:
             policy_group = f"cgloop-loop-policy-{self.name}"

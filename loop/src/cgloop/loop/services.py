@@ -166,6 +166,41 @@ def group_ready(bootstrap: str, group: str) -> Callable[[], bool]:
     return ready
 
 
+def group_caught_up(
+    bootstrap: str, group: str, topics: tuple[str, ...]
+) -> Callable[[], bool]:
+    """True once consumer group `group` has committed, on every partition of `topics`, at least
+    the end offsets those partitions had when first asked: the backlog written before its
+    members started is handled. A new group reads its topics from the start; until it has
+    caught up, what it detects is seconds old (a worker that loaded its model on a busy
+    machine met the first fault 9 s behind)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient(kafka_client_config(bootstrap))
+    ends: dict[tuple[str, int], int] = {}
+
+    def ready() -> bool:
+        if not ends:
+            meta = admin.list_topics(timeout=5).topics
+            parts = [TopicPartition(t, p) for t in topics if t in meta for p in meta[t].partitions]
+            if not parts:
+                return True
+            got = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts},
+                                     request_timeout=5)
+            for tp, fut in got.items():
+                ends[(tp.topic, tp.partition)] = fut.result(10).offset
+        todo = {k: v for k, v in ends.items() if v > 0}
+        if not todo:
+            return True
+        req = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in todo])
+        res = admin.list_consumer_group_offsets([req], request_timeout=5)[group].result(10)
+        done = {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions}
+        return all(done.get(k, -1) >= v for k, v in todo.items())
+
+    return ready
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a `cgloop` child process these settings."""
     env = {

@@ -1,0 +1,53 @@
+"""The loop starts its scenario only once the analytics worker has caught up (issue 17,
+finding 7): a new consumer group reads its topics from the start, and a worker that loaded its
+model on a busy machine met the first fault 9 s behind, acting after the fault had ended.
+Real broker (the stack fixture)."""
+
+from __future__ import annotations
+
+from cgloop.analytics.worker import INPUT_TOPICS
+from cgloop.config import Settings, kafka_client_config
+from cgloop.loop.closed_loop import ANALYTICS_TOPICS
+from cgloop.loop.services import group_caught_up
+from confluent_kafka import Consumer, Producer
+
+TOPIC = "cgloop.flows.v1"
+
+
+def test_the_loop_waits_for_the_topics_the_worker_reads():
+    assert set(ANALYTICS_TOPICS) == set(INPUT_TOPICS)
+
+
+def _consume(consumer: Consumer, n: int) -> None:
+    got = 0
+    while got < n:
+        msg = consumer.poll(10)
+        assert msg is not None, f"only {got} of {n} messages arrived"
+        if msg.error() is None:
+            got += 1
+            consumer.commit(msg, asynchronous=False)
+
+
+def test_caught_up_only_once_the_backlog_before_it_is_committed(stack_settings: Settings):
+    bootstrap = stack_settings.bootstrap_servers
+    producer = Producer(kafka_client_config(bootstrap))
+    for i in range(6):
+        producer.produce(TOPIC, value=b"backlog %d" % i, partition=0)
+    assert producer.flush(10) == 0
+    group = "loop-readiness-test"
+    ready = group_caught_up(bootstrap, group, ANALYTICS_TOPICS)
+    consumer = Consumer({**kafka_client_config(bootstrap), "group.id": group,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        assert not ready(), "nothing handled yet"
+        consumer.subscribe([TOPIC])
+        _consume(consumer, 4)
+        assert not ready(), "two messages of the backlog are still to be handled"
+        # what arrives after the first question is not backlog: it does not move the mark
+        for i in range(3):
+            producer.produce(TOPIC, value=b"live %d" % i, partition=0)
+        assert producer.flush(10) == 0
+        _consume(consumer, 2)
+        assert ready()
+    finally:
+        consumer.close()
