@@ -13,8 +13,9 @@ queues. Queueing delay that varies by milliseconds between packets does so for e
 in the queue, the active probes and INT reports of the same path included; a busy sender's
 lateness shows in its own stream only. So, where the path's delay is measured (probe RTTs or
 INT latency matched to the flow's conversation, `on_path_delay`), a jitter breach fires only
-if that delay also varies: the median change between successive samples over the last
-`path_window_ns` reaches `path_jitter_ratio` x the jitter objective. Where nothing measures
+if that delay also varies: the median change between successive samples during the breach
+(at least `path_min_samples`; `path_window_ns` of them are kept) reaches `path_jitter_ratio` x
+the jitter objective. Where nothing measures
 the path (pcaps, deployments without probes) jitter fires on its own, as before; the
 detection's `path_samples` evidence says which.
 """
