@@ -1,4 +1,5 @@
-"""The sink's minute closing against rows that land after a pass read the states."""
+"""The store side of the sink's guarantees: closed minutes catch rows that land after a pass read
+the states; a replay completes an insert a crash left half-done."""
 
 from __future__ import annotations
 
