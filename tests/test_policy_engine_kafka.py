@@ -23,6 +23,7 @@ from cgloop.policy.engine import Engine
 from cgloop.policy.journal import FINAL, Journal
 from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
 from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, probes
+from cgloop.testing import kafka_answer
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 
@@ -183,8 +184,10 @@ def _committed(bootstrap: str, group: str, partition: int) -> int:
     request = ConsumerGroupTopicPartitions(
         group, [TopicPartition("cgloop.detections.v1", partition)]
     )
-    (future,) = admin.list_consumer_group_offsets([request]).values()
-    (tp,) = future.result(10).topic_partitions
+    offsets = kafka_answer(
+        lambda: admin.list_consumer_group_offsets([request])[group].result(10)
+    )
+    (tp,) = offsets.topic_partitions
     return tp.offset
 
 

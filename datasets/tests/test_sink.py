@@ -14,7 +14,7 @@ from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode, he
 from cgloop.bus.kafka import BatchProducer
 from cgloop.bus.topics import DEADLETTER, TOPICS
 from cgloop.config import Settings
-from cgloop.testing import cgloop_cmd
+from cgloop.testing import cgloop_cmd, kafka_answer
 
 from .conftest import SinkStore, sample
 
@@ -257,8 +257,10 @@ def _wait_committed(bootstrap: str, group: str, topic: str, timeout_s: float = 6
         )
         deadline = time.monotonic() + timeout_s
         while True:
-            (future,) = admin.list_consumer_group_offsets([request]).values()
-            done = {tp.partition: tp.offset for tp in future.result(10).topic_partitions}
+            offsets = kafka_answer(
+                lambda: admin.list_consumer_group_offsets([request])[group].result(10)
+            )
+            done = {tp.partition: tp.offset for tp in offsets.topic_partitions}
             behind = {
                 p: (done.get(p), end)
                 for p, end in ends.items()

@@ -9,11 +9,10 @@ from cgloop.analytics.worker import INPUT_TOPICS
 from cgloop.config import Settings, kafka_client_config
 from cgloop.loop.closed_loop import ANALYTICS_TOPICS
 from cgloop.loop.services import group_caught_up
+from cgloop.testing import kafka_answer
 from confluent_kafka import Consumer, Producer
 
 TOPIC = "cgloop.flows.v1"
-
-
 def test_the_loop_waits_for_the_topics_the_worker_reads():
     assert set(ANALYTICS_TOPICS) == set(INPUT_TOPICS)
 
@@ -39,15 +38,15 @@ def test_caught_up_only_once_the_backlog_before_it_is_committed(stack_settings: 
     consumer = Consumer({**kafka_client_config(bootstrap), "group.id": group,
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     try:
-        assert not ready(), "nothing handled yet"
+        assert not kafka_answer(ready), "nothing handled yet"
         consumer.subscribe([TOPIC])
         _consume(consumer, 4)
-        assert not ready(), "two messages of the backlog are still to be handled"
+        assert not kafka_answer(ready), "two messages of the backlog are still to be handled"
         # what arrives after the first question is not backlog: it does not move the mark
         for i in range(3):
             producer.produce(TOPIC, value=b"live %d" % i, partition=0)
         assert producer.flush(10) == 0
         _consume(consumer, 2)
-        assert ready()
+        assert kafka_answer(ready)
     finally:
         consumer.close()

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from cgloop.config import find_project_root
 
@@ -25,6 +25,8 @@ ROOT = find_project_root(Path(__file__))
 
 # Clock ticks a second, the unit of /proc/PID/stat's CPU times.
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+T = TypeVar("T")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -113,3 +115,25 @@ def wait_for_store(
         except httpx.HTTPError:
             time.sleep(0.2)
     raise RuntimeError(f"store did not start within {timeout_s:g} s")
+
+
+def kafka_answer(ask: Callable[[], T], timeout_s: float = 60) -> T:
+    """`ask()`'s answer, asked again while the broker says it cannot answer yet: a group
+    coordinator still loading (a broker just started, the machine busy) or moved. Tests that
+    query group offsets directly need this; the loop's own wait_for retries every error."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    transient = {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ask()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.code() in transient or err.retriable()) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
