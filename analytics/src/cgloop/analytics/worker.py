@@ -31,15 +31,12 @@ from pathlib import Path
 from cgloop.analytics.detectors.base import Suppressor, subject_text
 from cgloop.analytics.engine import AnalyticsEngine
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
+from cgloop.bus.topics import ANALYTICS_INPUTS
 from cgloop.v1.detection_pb2 import Detection, DetectionBatch
 
 log = logging.getLogger(__name__)
 
-INPUT_TOPICS = (
-    "cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1",
-    # The loop's own actions: which flows now carry another DSCP (see AnalyticsEngine).
-    "cgloop.actions.v1",
-)
+INPUT_TOPICS = ANALYTICS_INPUTS  # the loop's own actions among them (see AnalyticsEngine)
 OUTPUT_TOPIC = "cgloop.detections.v1"
 STATE_VERSION = 1
 

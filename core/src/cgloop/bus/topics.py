@@ -99,6 +99,16 @@ TOPICS: dict[str, Topic] = {
 }
 
 DEADLETTER = TOPICS["cgloop.deadletter.v1"]
+# What the analytics worker consumes, declared here so the loop (which starts the worker as a
+# process and waits for its group to catch up) names the same topics without importing it. The
+# loop's own actions tell the worker which flows now carry another DSCP.
+ANALYTICS_INPUTS = tuple(
+    TOPICS[name].name
+    for name in (
+        "cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1",
+        "cgloop.actions.v1",
+    )
+)  # fmt: skip
 
 
 def topic(name: str) -> Topic:

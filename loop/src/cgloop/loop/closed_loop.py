@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 import grpc
+from cgloop.bus.topics import ANALYTICS_INPUTS
 from cgloop.config import Settings
 from cgloop.lab.lab import Lab
 from cgloop.lab.scenario import Report as LabReport
@@ -40,12 +41,8 @@ from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
 
 LOOP_POLICIES = "policies"
-# What the analytics worker consumes (cgloop.analytics.worker.INPUT_TOPICS; not imported: the
-# loop starts the worker as a process and does not load analytics in its own).
-ANALYTICS_TOPICS = (
-    "cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1",
-    "cgloop.actions.v1",
-)
+# What the analytics worker consumes: the one topic table's list, shared with the worker.
+ANALYTICS_TOPICS = ANALYTICS_INPUTS
 
 
 def write_policies(folder: Path, plan: EdgePlan) -> Path:
