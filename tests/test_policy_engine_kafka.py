@@ -177,18 +177,14 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
 
 def _committed(bootstrap: str, group: str, partition: int) -> int:
     """The group's committed offset on a detections partition (read-only, no group join)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
+    from cgloop.bus.kafka import GroupOffsets
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = ConsumerGroupTopicPartitions(
-        group, [TopicPartition("cgloop.detections.v1", partition)]
-    )
-    offsets = kafka_answer(
-        lambda: admin.list_consumer_group_offsets([request])[group].result(10)
-    )
-    (tp,) = offsets.topic_partitions
-    return tp.offset
+    offsets = GroupOffsets(bootstrap, group)
+    try:
+        key = ("cgloop.detections.v1", partition)
+        return kafka_answer(lambda: offsets.committed([key]))[key]
+    finally:
+        offsets.close()
 
 
 def test_service_commits_an_offset_only_once_its_decisions_are_durable(

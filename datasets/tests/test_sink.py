@@ -240,38 +240,26 @@ def test_the_sink_refuses_what_the_consumers_refuse_and_keeps_the_good_messages_
 
 def _wait_committed(bootstrap: str, group: str, topic: str, timeout_s: float = 60) -> None:
     """Wait until `group` has committed every partition of `topic` up to its end (read-only:
-    the admin client joins no group)."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
+    GroupOffsets joins no group)."""
+    from cgloop.bus.kafka import GroupOffsets
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{group}-probe"})
+    offsets = GroupOffsets(bootstrap, group)
     try:
-        partitions = list(admin.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {
-            p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in partitions
-        }
-        request = ConsumerGroupTopicPartitions(
-            group, [TopicPartition(topic, p) for p in partitions]
-        )
+        ends = offsets.ends(offsets.partitions([topic]))
         deadline = time.monotonic() + timeout_s
         while True:
-            offsets = kafka_answer(
-                lambda: admin.list_consumer_group_offsets([request])[group].result(10)
-            )
-            done = {tp.partition: tp.offset for tp in offsets.topic_partitions}
+            done = kafka_answer(lambda: offsets.committed(ends))
             behind = {
-                p: (done.get(p), end)
-                for p, end in ends.items()
-                if end > 0 and done.get(p, -1) < end
+                k: (done.get(k), end)
+                for k, end in ends.items()
+                if end > 0 and done.get(k, -1) < end
             }
             if not behind:
                 return
             assert time.monotonic() < deadline, f"{group} behind on {topic}: {behind}"
             time.sleep(0.3)
     finally:
-        probe.close()
+        offsets.close()
 
 
 def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twice(

@@ -66,6 +66,48 @@ def ensure_topics(
     return created
 
 
+class GroupOffsets:
+    """Read-only view of a consumer group's progress: the end offsets of topics and what the
+    group has committed on them. Uses a consumer that carries the group's id but never
+    subscribes, so it joins nothing and moves nothing. (AdminClient's
+    list_consumer_group_offsets crashed the interpreter with SIGSEGV in CI while the group's
+    coordinator was loading; OffsetFetch through a consumer returns an error instead.)"""
+
+    def __init__(self, bootstrap: str, group: str, config: dict | None = None) -> None:
+        self.group = group
+        self._consumer = Consumer(client_config(bootstrap, {
+            **(config or {}), "group.id": group, "enable.auto.commit": False,
+        }))
+
+    def partitions(self, topics: Iterable[str], timeout_s: float = 10) -> list[tuple[str, int]]:
+        """Every partition of those `topics` that exist."""
+        meta = self._consumer.list_topics(timeout=timeout_s).topics
+        return [(t, p) for t in topics if t in meta for p in sorted(meta[t].partitions)]
+
+    def ends(self, partitions: Iterable[tuple[str, int]], timeout_s: float = 10) -> dict:
+        """The offset the next message of each partition will get."""
+        from confluent_kafka import TopicPartition
+
+        return {
+            (t, p): self._consumer.get_watermark_offsets(TopicPartition(t, p), timeout_s)[1]
+            for t, p in partitions
+        }
+
+    def committed(self, partitions: Iterable[tuple[str, int]], timeout_s: float = 10) -> dict:
+        """The group's committed offset on each partition; -1 where it has committed nothing.
+        Raises KafkaException while the coordinator cannot answer (callers retry)."""
+        from confluent_kafka import TopicPartition
+
+        got = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout_s)
+        for tp in got:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else -1) for tp in got}
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 class BatchProducer:
     """Sends protobuf batches to cgloop topics; `flush()` before exit or after critical sends."""
 

@@ -174,28 +174,21 @@ def group_caught_up(
     members started is handled. A new group reads its topics from the start; until it has
     caught up, what it detects is seconds old (a worker that loaded its model on a busy
     machine met the first fault 9 s behind)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from cgloop.bus.kafka import GroupOffsets
 
-    admin = AdminClient(kafka_client_config(bootstrap))
+    offsets = GroupOffsets(bootstrap, group)
     ends: dict[tuple[str, int], int] = {}
 
     def ready() -> bool:
         if not ends:
-            meta = admin.list_topics(timeout=5).topics
-            parts = [TopicPartition(t, p) for t in topics if t in meta for p in meta[t].partitions]
+            parts = offsets.partitions(topics, timeout_s=5)
             if not parts:
                 return True
-            got = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts},
-                                     request_timeout=5)
-            for tp, fut in got.items():
-                ends[(tp.topic, tp.partition)] = fut.result(10).offset
+            ends.update(offsets.ends(parts, timeout_s=5))
         todo = {k: v for k, v in ends.items() if v > 0}
         if not todo:
             return True
-        req = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in todo])
-        res = admin.list_consumer_group_offsets([req], request_timeout=5)[group].result(10)
-        done = {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions}
+        done = offsets.committed(todo, timeout_s=10)
         return all(done.get(k, -1) >= v for k, v in todo.items())
 
     return ready
