@@ -12,6 +12,7 @@ pub mod v1 {
     tonic::include_proto!("cgloop.v1");
 }
 
+pub mod catalogue;
 pub mod kafka_security;
 pub mod samples;
 pub mod vectors;
