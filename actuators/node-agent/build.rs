@@ -1,12 +1,16 @@
 //! Builds the tc datapath (bpf/agent.bpf.c) with libbpf-cargo's skeleton builder. CO-RE:
 //! vmlinux.h is generated from the running kernel's BTF into OUT_DIR, never committed.
+//! The packet parser is the flow probe's (telemetry/bpf/include/parse/), shared so that both
+//! datapaths read the same frames the same way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use libbpf_cargo::SkeletonBuilder;
 
 const SRC: &str = "bpf/agent.bpf.c";
+/// Headers shared with the flow probe (the parser, enum cgloop_stat).
+const SHARED_INCLUDE: &str = "../../telemetry/bpf/include";
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -27,11 +31,27 @@ fn main() {
             out.display().to_string(),
             "-I".to_string(),
             "bpf".to_string(),
+            "-I".to_string(),
+            SHARED_INCLUDE.to_string(),
             "-Wall".to_string(),
         ])
         .build_and_generate(out.join("agent.skel.rs"))
         .expect("building bpf/agent.bpf.c");
     println!("cargo:rerun-if-changed={SRC}");
     println!("cargo:rerun-if-changed=bpf/agent.h");
+    rerun_if_changed_under(Path::new(SHARED_INCLUDE));
     println!("cargo:rerun-if-env-changed=CGLOOP_VMLINUX_BTF");
+}
+
+/// Every header under `dir` (cargo watches files, and a directory only for its own entries).
+fn rerun_if_changed_under(dir: &Path) {
+    println!("cargo:rerun-if-changed={}", dir.display());
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rerun_if_changed_under(&path);
+        } else {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
 }

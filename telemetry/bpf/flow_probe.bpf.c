@@ -5,26 +5,18 @@
  * loss/reorder/jitter), and per-interface / per-function packet counters for the node agent's
  * X-MAN power manager (cgloop_fn_stats.h). The programs only observe: every packet passes.
  *
- * The pcap twin (telemetry/probe/src/flow.rs) applies the same rules in user space; a change
- * here needs the same change there (the probe-vs-pcap test catches a drift).
+ * Parsing is the shared parser of include/parse/ (also the node agent's). The pcap twin
+ * (telemetry/probe/src/parse.rs and account.rs) applies the same rules in user space; a change
+ * here or there needs the same change in the other (telemetry/probe/src/agreement.rs catches a
+ * drift).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "cgloop_fn_stats.h"
 #include "cgloop_flow.h"
+#include "parse/packet.h"	/* the packet parser shared with the node agent's datapath */
 
-#define ETH_P_IP 0x0800
-#define ETH_P_IPV6 0x86DD
-#define ETH_P_8021Q 0x8100
-#define ETH_P_8021AD 0x88A8
-#define IPPROTO_HOPOPTS_ 0
-#define IPPROTO_ROUTING_ 43
-#define IPPROTO_FRAGMENT_ 44
-#define IPPROTO_AH_ 51
-#define IPPROTO_DSTOPTS_ 60
-#define IPPROTO_MH_ 135
-#define IPPROTO_ICMPV6_ 58
 #define TC_ACT_OK 0
 #define NSEC_PER_SEC 1000000000ULL
 #define CGLOOP_PULL_BYTES 128
@@ -374,196 +366,40 @@ __noinline int cgloop_account(const struct pkt_info *pi)
 /* Parse one frame and account it; returns nothing: the caller always lets the packet pass. */
 static __always_inline void handle(struct pkt *p)
 {
-	void *data = p->data, *data_end = p->data_end;
 	struct pkt_info pi = {};
-	struct flow_key *kp = &pi.key;
-	struct ethhdr *eth = data;
-	void *cursor;
-	__u32 l3_len, l3_avail;
-	__u16 proto;
-	__u8 tos, l4, tcp_flags = 0;
+	struct cgl_packet pk;
+	int err;
 
 	/* Packets seen and accounted are derived by the exporter (if_stats minus failures). */
 	count_interface(p);
 
-	if ((void *)(eth + 1) > data_end) {
-		stat_inc(CGLOOP_STAT_ERR_ETH_TRUNCATED);
+	err = cgl_parse_packet(p->data, p->data_end, p->wire_len, p->hw_vlan, &pk);
+	if (err) {
+		stat_inc(err);
 		return;
 	}
-	proto = bpf_ntohs(eth->h_proto);
-	cursor = eth + 1;
-	kp->vlan_id = p->hw_vlan;
-#pragma unroll
-	for (int i = 0; i < CGLOOP_MAX_VLAN_TAGS; i++) {
-		struct vlan_hdr { __be16 tci; __be16 proto; } *vh = cursor;
+	__builtin_memcpy(pi.key.src_addr, pk.src, 16);
+	__builtin_memcpy(pi.key.dst_addr, pk.dst, 16);
+	pi.key.src_port = pk.sport;
+	pi.key.dst_port = pk.dport;
+	pi.key.ifindex = p->ifindex;
+	pi.key.vlan_id = pk.vlan_id;
+	pi.key.ip_proto = pk.l4_proto;
+	pi.key.family = pk.family;
+	pi.key.direction = p->direction;
+	/* RTP candidates: a 12-byte fixed header inside the UDP payload, captured. */
+	if (rtp_enabled && pk.l4_proto == CGL_IPPROTO_UDP && pk.udp_len >= 8 + 12) {
+		void *payload = pk.l4 + 8;
 
-		if (proto != ETH_P_8021Q && proto != ETH_P_8021AD)
-			break;
-		if ((void *)(vh + 1) > data_end) {
-			stat_inc(CGLOOP_STAT_ERR_VLAN_TRUNCATED);
-			return;
-		}
-		if (!kp->vlan_id)
-			kp->vlan_id = bpf_ntohs(vh->tci) & 0x0fff;
-		proto = bpf_ntohs(vh->proto);
-		cursor = vh + 1;
-	}
-	if (proto == ETH_P_8021Q || proto == ETH_P_8021AD) {
-		stat_inc(CGLOOP_STAT_ERR_VLAN_TOO_DEEP);
-		return;
-	}
-	l3_avail = p->wire_len - (__u32)(cursor - data);
-
-	if (proto == ETH_P_IP) {
-		struct iphdr *ip = cursor;
-		__u32 ihl;
-		__u16 frag;
-
-		if ((void *)(ip + 1) > data_end) {
-			stat_inc(CGLOOP_STAT_ERR_IPV4_TRUNCATED);
-			return;
-		}
-		if (ip->version != 4) {
-			stat_inc(CGLOOP_STAT_ERR_IP_VERSION_MISMATCH);
-			return;
-		}
-		ihl = ip->ihl * 4;
-		if (ihl < sizeof(*ip)) {
-			stat_inc(CGLOOP_STAT_ERR_IPV4_BAD_IHL);
-			return;
-		}
-		l3_len = bpf_ntohs(ip->tot_len);
-		if (l3_len < ihl || l3_len > l3_avail) {
-			stat_inc(CGLOOP_STAT_ERR_IP_BAD_LENGTH);
-			return;
-		}
-		if (cursor + ihl > data_end) {
-			stat_inc(CGLOOP_STAT_ERR_IPV4_TRUNCATED);
-			return;
-		}
-		frag = bpf_ntohs(ip->frag_off);
-		if (frag & 0x1fff) {
-			stat_inc(CGLOOP_STAT_ERR_FRAGMENT);
-			return;
-		}
-		__builtin_memcpy(kp->src_addr, &ip->saddr, 4);
-		__builtin_memcpy(kp->dst_addr, &ip->daddr, 4);
-		kp->family = 4;
-		tos = ip->tos;
-		l4 = ip->protocol;
-		cursor += ihl;
-		l3_avail = l3_len - ihl;	/* bytes of transport the IP header promises */
-	} else if (proto == ETH_P_IPV6) {
-		struct ipv6hdr *ip6 = cursor;
-
-		if ((void *)(ip6 + 1) > data_end) {
-			stat_inc(CGLOOP_STAT_ERR_IPV6_TRUNCATED);
-			return;
-		}
-		if (ip6->version != 6) {
-			stat_inc(CGLOOP_STAT_ERR_IP_VERSION_MISMATCH);
-			return;
-		}
-		l3_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-		if (l3_len > l3_avail) {
-			stat_inc(CGLOOP_STAT_ERR_IP_BAD_LENGTH);
-			return;
-		}
-		__builtin_memcpy(kp->src_addr, &ip6->saddr, 16);
-		__builtin_memcpy(kp->dst_addr, &ip6->daddr, 16);
-		kp->family = 6;
-		tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
-		l4 = ip6->nexthdr;
-		cursor = ip6 + 1;
-		l3_avail = l3_len - sizeof(*ip6);
-#pragma unroll
-		for (int i = 0; i < CGLOOP_MAX_IPV6_EXT; i++) {
-			__u8 *ext = cursor;
-			__u32 len;
-
-			if (l4 != IPPROTO_HOPOPTS_ && l4 != IPPROTO_ROUTING_ && l4 != IPPROTO_DSTOPTS_ &&
-			    l4 != IPPROTO_FRAGMENT_ && l4 != IPPROTO_AH_ && l4 != IPPROTO_MH_)
-				break;
-			if ((void *)(ext + 8) > data_end) {
-				stat_inc(CGLOOP_STAT_ERR_IPV6_EXT_TRUNCATED);
-				return;
-			}
-			if (l4 == IPPROTO_FRAGMENT_) {
-				if (((ext[2] << 8) | ext[3]) & 0xfff8) {
-					stat_inc(CGLOOP_STAT_ERR_FRAGMENT);
-					return;
-				}
-				len = 8;
-			} else if (l4 == IPPROTO_AH_) {
-				len = (ext[1] + 2) * 4;
-			} else {
-				len = (ext[1] + 1) * 8;
-			}
-			if (len > l3_avail) {
-				stat_inc(CGLOOP_STAT_ERR_IPV6_EXT_TRUNCATED);
-				return;
-			}
-			l4 = ext[0];
-			cursor += len;
-			l3_avail -= len;
-		}
-		if (l4 == IPPROTO_HOPOPTS_ || l4 == IPPROTO_ROUTING_ || l4 == IPPROTO_DSTOPTS_ ||
-		    l4 == IPPROTO_FRAGMENT_ || l4 == IPPROTO_AH_ || l4 == IPPROTO_MH_) {
-			stat_inc(CGLOOP_STAT_ERR_IPV6_EXT_TOO_DEEP);
-			return;
-		}
-	} else {
-		stat_inc(CGLOOP_STAT_NON_IP);
-		return;
-	}
-	kp->ip_proto = l4;
-	kp->ifindex = p->ifindex;
-	kp->direction = p->direction;
-
-	if (l4 == IPPROTO_TCP) {
-		struct tcphdr *tcp = cursor;
-
-		if ((void *)(tcp + 1) > data_end || l3_avail < sizeof(*tcp)) {
-			stat_inc(CGLOOP_STAT_ERR_TCP_TRUNCATED);
-			return;
-		}
-		if (tcp->doff < 5 || tcp->doff * 4 > l3_avail) {
-			stat_inc(CGLOOP_STAT_ERR_TCP_BAD_OFFSET);
-			return;
-		}
-		kp->src_port = bpf_ntohs(tcp->source);
-		kp->dst_port = bpf_ntohs(tcp->dest);
-		tcp_flags = ((__u8 *)tcp)[13];
-	} else if (l4 == IPPROTO_UDP) {
-		struct udphdr *udp = cursor;
-		__u32 ulen;
-
-		if ((void *)(udp + 1) > data_end || l3_avail < sizeof(*udp)) {
-			stat_inc(CGLOOP_STAT_ERR_UDP_TRUNCATED);
-			return;
-		}
-		ulen = bpf_ntohs(udp->len);
-		if (ulen < sizeof(*udp) || ulen > l3_avail) {
-			stat_inc(CGLOOP_STAT_ERR_UDP_BAD_LENGTH);
-			return;
-		}
-		kp->src_port = bpf_ntohs(udp->source);
-		kp->dst_port = bpf_ntohs(udp->dest);
-		/* RTP candidates: a 12-byte fixed header inside the UDP payload, captured. */
-		if (rtp_enabled && ulen >= sizeof(*udp) + 12 && (void *)(udp + 1) + 12 <= data_end) {
-			__builtin_memcpy(pi.rtp, udp + 1, 12);
+		if (payload + 12 <= p->data_end) {
+			__builtin_memcpy(pi.rtp, payload, 12);
 			pi.has_rtp = 1;
-		}
-	} else if (l4 == IPPROTO_ICMP || l4 == IPPROTO_ICMPV6_) {
-		if (cursor + 4 > data_end || l3_avail < 4) {
-			stat_inc(CGLOOP_STAT_ERR_ICMP_TRUNCATED);
-			return;
 		}
 	}
 	pi.now = p->now;
-	pi.l3_len = l3_len;
-	pi.tos = tos;
-	pi.tcp_flags = tcp_flags;
+	pi.l3_len = pk.l3_len;
+	pi.tos = pk.tos;
+	pi.tcp_flags = pk.tcp_flags;
 	cgloop_account(&pi);
 }
 

@@ -21,14 +21,10 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "agent.h"
+#include "parse/packet.h"	/* the flow probe's packet parser (telemetry/bpf/include/parse) */
 
 #define TC_ACT_OK 0
 #define TC_ACT_SHOT 2
-#define ETH_P_IP 0x0800
-#define ETH_P_IPV6 0x86DD
-#define IPPROTO_TCP_ 6
-#define IPPROTO_UDP_ 17
-#define ETH_HLEN_ 14
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -138,82 +134,49 @@ struct parsed {
 	__u8 ipv6;
 };
 
-/* Parses Ethernet + IPv4/IPv6 + TCP/UDP ports. Returns 0 on success. */
+/* Flow key of the frame through the shared parser (parse/packet.h: VLAN tags, IPv6 extension
+ * headers, the probe's bounds and length checks). Returns 0 on success. A non-first fragment
+ * carries no ports: it is classified by addresses and protocol. The agent keys flows by
+ * interface, not VLAN: a rule matches its 5-tuple whatever the tag. */
 static __always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	__u8 proto;
-	void *l4;
+	struct cgl_packet pk;
+	int err;
 
-	if ((void *)(eth + 1) > data_end)
+	err = cgl_parse_packet(data, data_end, skb->len, 0, &pk);
+	if (err && err != CGLOOP_STAT_ERR_FRAGMENT)
 		return -1;
 	__builtin_memset(&p->key, 0, sizeof(p->key));
 	p->key.ifindex = skb->ifindex;
-	p->l3_off = ETH_HLEN_;
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
-
-		if ((void *)(ip + 1) > data_end)
-			return -1;
-		if (ip->ihl < 5)
-			return -1;
-		p->key.family = 4;
-		__builtin_memcpy(p->key.src, &ip->saddr, 4);
-		__builtin_memcpy(p->key.dst, &ip->daddr, 4);
-		proto = ip->protocol;
-		p->tos = ip->tos;
-		p->ipv6 = 0;
-		/* Fragments after the first carry no ports: classify them by addresses only. */
-		if (ip->frag_off & bpf_htons(0x1fff)) {
-			p->key.proto = proto;
-			return 0;
-		}
-		l4 = (void *)ip + ip->ihl * 4;
-	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
-
-		if ((void *)(ip6 + 1) > data_end)
-			return -1;
-		p->key.family = 6;
-		__builtin_memcpy(p->key.src, &ip6->saddr, 16);
-		__builtin_memcpy(p->key.dst, &ip6->daddr, 16);
-		proto = ip6->nexthdr; /* extension headers are not walked: such flows match by addresses */
-		p->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
-		p->ipv6 = 1;
-		l4 = ip6 + 1;
-	} else {
-		return -1;
-	}
-	p->key.proto = proto;
-	if (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) {
-		__be16 *ports = l4;
-
-		if ((void *)(ports + 2) > data_end)
-			return -1;
-		p->key.sport = bpf_ntohs(ports[0]);
-		p->key.dport = bpf_ntohs(ports[1]);
-	}
+	p->key.family = pk.family;
+	p->key.proto = pk.l4_proto;
+	p->key.sport = pk.sport;
+	p->key.dport = pk.dport;
+	__builtin_memcpy(p->key.src, pk.src, 16);
+	__builtin_memcpy(p->key.dst, pk.dst, 16);
+	p->l3_off = pk.l3_off;
+	p->tos = pk.tos;
+	p->ipv6 = pk.family == 6;
 	return 0;
 }
 
-/* Rewrites DSCP and/or ECN (0xff = keep). IPv4 fixes the header checksum. */
-static __always_inline int set_tos(struct __sk_buff *skb, __u32 dscp, __u32 ecn)
+/* Rewrites DSCP and/or ECN (0xff = keep) of the IP header at p->l3_off (after any VLAN tags).
+ * IPv4 fixes the header checksum. Reads and writes go through the skb helpers, which check
+ * the variable offset themselves. */
+static __always_inline int set_tos(struct __sk_buff *skb, const struct parsed *p, __u32 dscp,
+				   __u32 ecn)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	__u32 off = p->l3_off;
 
-	if ((void *)(eth + 1) > data_end)
+	if (off > 64) /* at most two VLAN tags after Ethernet; keeps the offset bounded */
 		return -1;
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
+	if (!p->ipv6) {
 		__u8 old, new;
 
-		if ((void *)(ip + 1) > data_end)
+		if (bpf_skb_load_bytes(skb, off + offsetof(struct iphdr, tos), &old, 1))
 			return -1;
-		old = ip->tos;
 		new = old;
 		if (dscp != CGL_KEEP)
 			new = (new & 0x03) | ((dscp & 0x3f) << 2);
@@ -222,28 +185,24 @@ static __always_inline int set_tos(struct __sk_buff *skb, __u32 dscp, __u32 ecn)
 		if (new == old)
 			return 0;
 		/* The checksum covers 16-bit words: TOS is the low byte of the first one. */
-		bpf_l3_csum_replace(skb, ETH_HLEN_ + offsetof(struct iphdr, check), bpf_htons(old),
+		bpf_l3_csum_replace(skb, off + offsetof(struct iphdr, check), bpf_htons(old),
 				    bpf_htons(new), 2);
-		bpf_skb_store_bytes(skb, ETH_HLEN_ + offsetof(struct iphdr, tos), &new, 1, 0);
+		bpf_skb_store_bytes(skb, off + offsetof(struct iphdr, tos), &new, 1, 0);
 		return 0;
 	}
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
-		__u8 b0, b1, tc;
+	{
+		__u8 b[2], tc;
 
-		if ((void *)(ip6 + 1) > data_end)
+		if (bpf_skb_load_bytes(skb, off, b, 2))
 			return -1;
-		b0 = *(__u8 *)ip6;
-		b1 = *((__u8 *)ip6 + 1);
-		tc = (b0 << 4) | (b1 >> 4);
+		tc = (b[0] << 4) | (b[1] >> 4);
 		if (dscp != CGL_KEEP)
 			tc = (tc & 0x03) | ((dscp & 0x3f) << 2);
 		if (ecn != CGL_KEEP)
 			tc = (tc & 0xfc) | (ecn & 0x03);
-		b0 = (b0 & 0xf0) | (tc >> 4);
-		b1 = (b1 & 0x0f) | (tc << 4);
-		bpf_skb_store_bytes(skb, ETH_HLEN_, &b0, 1, 0);
-		bpf_skb_store_bytes(skb, ETH_HLEN_ + 1, &b1, 1, 0);
+		b[0] = (b[0] & 0xf0) | (tc >> 4);
+		b[1] = (b[1] & 0x0f) | (tc << 4);
+		bpf_skb_store_bytes(skb, off, b, 2, 0);
 	}
 	return 0;
 }
@@ -347,7 +306,7 @@ int cgl_classify(struct __sk_buff *skb)
 		classid = rule->classid;
 		skb->priority = classid;
 		if (rule->rewrite_dscp != CGL_KEEP)
-			set_tos(skb, rule->rewrite_dscp, CGL_KEEP);
+			set_tos(skb, &p, rule->rewrite_dscp, CGL_KEEP);
 		fc = bpf_map_lookup_elem(&flow_counters, &p.key);
 		if (fc) {
 			fc->packets++;
@@ -405,13 +364,15 @@ SEC("tc")
 int cgl_fn_mark(struct __sk_buff *skb)
 {
 	struct cgl_chain_fn *fn;
+	struct parsed p;
 	__u32 idx;
 
 	fn = this_fn(skb, &idx);
 	if (!fn)
 		return TC_ACT_OK;
-	/* a = DSCP, b = ECN codepoint; CGL_KEEP leaves the field. */
-	set_tos(skb, fn->a, fn->b);
+	/* a = DSCP, b = ECN codepoint; CGL_KEEP leaves the field. Not IP: nothing to mark. */
+	if (!parse(skb, &p))
+		set_tos(skb, &p, fn->a, fn->b);
 	return advance(skb);
 }
 

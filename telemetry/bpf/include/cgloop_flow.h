@@ -2,15 +2,16 @@
 /*
  * Flow table layout shared by the BPF programs (writers) and the exporter (reader,
  * telemetry/probe, through the skeleton's generated types). The pcap twin
- * (telemetry/probe/src/flow.rs) implements the same update rules in Rust; keep them in step.
+ * (telemetry/probe/src/parse.rs and account.rs) implements the same rules in Rust; keep them in
+ * step (the agreement test, telemetry/probe/src/agreement.rs, catches a drift).
  */
 #ifndef CGLOOP_FLOW_H
 #define CGLOOP_FLOW_H
 
+#include "cgloop_stat.h"	/* enum cgloop_stat: the probe_stats indexes */
+
 #define CGLOOP_SIZE_BUCKETS 16	/* log2 buckets of layer-3 size: 2^15..65535 is the last */
 #define CGLOOP_IAT_BUCKETS 32	/* log2 buckets of inter-arrival ns: >= 2^31 ns lands in the last */
-#define CGLOOP_MAX_VLAN_TAGS 2	/* 802.1ad + 802.1Q */
-#define CGLOOP_MAX_IPV6_EXT 6	/* extension headers walked before giving up */
 #define CGLOOP_RTP_MIN_SEQUENTIAL 4	/* in-order packets before a stream counts as RTP */
 #define CGLOOP_RTP_MAX_DROPOUT 3000	/* RFC 3550 A.1 */
 #define CGLOOP_RTP_MAX_MISORDER 100	/* RFC 3550 A.1 */
@@ -18,33 +19,6 @@
 enum cgloop_direction {
 	CGLOOP_DIR_INGRESS = 1,
 	CGLOOP_DIR_EGRESS = 2,
-};
-
-/* Indexes of the per-CPU probe_stats array: packet fates and parse failures by reason. */
-enum cgloop_stat {
-	CGLOOP_STAT_PACKETS = 0,	/* every packet seen: filled by the exporter from if_stats */
-	CGLOOP_STAT_ACCOUNTED,		/* packets added to a flow: derived by the exporter */
-	CGLOOP_STAT_NON_IP,		/* not IPv4/IPv6 (ARP, LLDP ...): not a failure */
-	CGLOOP_STAT_FLOWS_CREATED,	/* new flow-table entries */
-	CGLOOP_STAT_MAP_UPDATE_FAILED,	/* bpf_map_update_elem refused a new flow */
-	CGLOOP_STAT_RTP_CONFIRMED,	/* flows confirmed as RTP */
-	CGLOOP_STAT_ERR_ETH_TRUNCATED,
-	CGLOOP_STAT_ERR_VLAN_TRUNCATED,
-	CGLOOP_STAT_ERR_VLAN_TOO_DEEP,
-	CGLOOP_STAT_ERR_IPV4_TRUNCATED,
-	CGLOOP_STAT_ERR_IPV4_BAD_IHL,
-	CGLOOP_STAT_ERR_IP_BAD_LENGTH,	/* IPv4 total / IPv6 payload length beyond the frame */
-	CGLOOP_STAT_ERR_IPV6_TRUNCATED,
-	CGLOOP_STAT_ERR_IPV6_EXT_TRUNCATED,
-	CGLOOP_STAT_ERR_IPV6_EXT_TOO_DEEP,
-	CGLOOP_STAT_ERR_IP_VERSION_MISMATCH,
-	CGLOOP_STAT_ERR_FRAGMENT,	/* non-first fragment: no transport header to key on */
-	CGLOOP_STAT_ERR_TCP_TRUNCATED,
-	CGLOOP_STAT_ERR_TCP_BAD_OFFSET,
-	CGLOOP_STAT_ERR_UDP_TRUNCATED,
-	CGLOOP_STAT_ERR_UDP_BAD_LENGTH,	/* UDP length < 8 (incl. 0) or beyond the IP payload */
-	CGLOOP_STAT_ERR_ICMP_TRUNCATED,
-	CGLOOP_STAT__MAX,
 };
 
 /* Flow key: one direction of one flow on one interface. IPv4 addresses use bytes 0..3. */

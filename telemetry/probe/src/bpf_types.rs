@@ -40,7 +40,7 @@ pub fn value_from(bytes: &[u8]) -> Option<FlowValue> {
     Some(value)
 }
 
-/// Names of the probe_stats slots, in enum cgloop_stat order (cgloop_flow.h).
+/// Names of the probe_stats slots, in enum cgloop_stat order (telemetry/bpf/include/cgloop_stat.h).
 pub const STAT_NAMES: [&str; 22] = [
     "packets",
     "accounted",
