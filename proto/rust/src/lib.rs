@@ -12,7 +12,9 @@ pub mod v1 {
     tonic::include_proto!("cgloop.v1");
 }
 
+pub mod bus;
 pub mod catalogue;
+pub mod host;
 pub mod kafka_security;
 pub mod samples;
 pub mod vectors;

@@ -2,6 +2,8 @@
 //!
 //!   cgloop-vectors emit DIR          write DIR/<name>.bin for every canonical sample
 //!   cgloop-vectors reencode DIR OUT  decode each DIR/<name>.bin with its type, write OUT/<name>.bin
+//!   cgloop-vectors bus-table         print the bus table (proto/cgloop/v1/bus.proto) as Rust
+//!                                    reads it, as JSON (tests/test_bus_table.py)
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,7 +11,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use cgloop_proto::vectors::{Vector, VECTORS};
 
-const USAGE: &str = "usage: cgloop-vectors emit DIR | cgloop-vectors reencode DIR OUT";
+const USAGE: &str =
+    "usage: cgloop-vectors emit DIR | cgloop-vectors reencode DIR OUT | cgloop-vectors bus-table";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -26,6 +29,10 @@ fn run(args: Vec<String>) -> Result<()> {
     match args.as_slice() {
         ["emit", dir] => emit(Path::new(dir)),
         ["reencode", dir, out] => reencode_all(Path::new(dir), Path::new(out)),
+        ["bus-table"] => {
+            println!("{}", cgloop_proto::bus::table_json());
+            Ok(())
+        }
         _ => bail!("{USAGE}"),
     }
 }
