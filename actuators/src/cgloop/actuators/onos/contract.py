@@ -2,14 +2,14 @@
 makes the way ONOS does, and refuses what ONOS would refuse.
 
 No complete ONOS can be built here, so tests (ours, and other components' that need an ONOS)
-run against this. It is written independently of the driver's models: requests are checked
-against ONOS's published definitions (vendored in `schemas/`, with the two documented
-corrections) and against the member-presence rules of ONOS's codecs (FlowRuleCodec,
-DecodeCriterionCodecHelper, DecodeInstructionCodecHelper, MeterRequestCodec, MeterBandCodec,
-IntentCodec, PointToPointIntentCodec), answering 400 with ONOS's error body
-`{"code": 400, "message": …}` like ONOS's exception mappers. Flow ids are derived from the
-application id and the flow's device, priority, table and match, as DefaultFlowRule does, so
-re-posting the same flow replaces it.
+run against this. It is written independently of the driver's models and of its schema check:
+bodies are decoded by the rules of ONOS's codecs (`codecs.py` for selectors and treatments,
+FlowRuleCodec, MeterRequestCodec, MeterBandCodec, IntentCodec, PointToPointIntentCodec here),
+and what ONOS's decoders throw on (IllegalArgumentException) is answered with 400 and ONOS's
+error body `{"code": 400, "message": …}`, like ONOS's exception mappers. ONOS never checks a
+body against its published REST definitions (they document, the codecs decide), so neither
+does this server. Flow ids are derived from the application id and the flow's device,
+priority, table and match, as DefaultFlowRule does, so re-posting the same flow replaces it.
 
 Faults can be injected per request (`inject`): an HTTP status before or after the request is
 applied, or a dropped connection before or after it is applied.
@@ -18,43 +18,19 @@ applied, or a dropped connection before or after it is applied.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import threading
 import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import jsonschema
+from cgloop.actuators.onos.codecs import CodecError, decode_selector, decode_treatment
 
 PREFIX = "/onos/v1"
 REST_APP = "org.onosproject.rest"
-
-# Member each criterion type needs (DecodeCriterionCodecHelper's decoders).
-CRITERION_MEMBERS = {
-    "IN_PORT": "port",
-    "ETH_TYPE": "ethType",
-    "IP_DSCP": "ipDscp",
-    "IP_ECN": "ipEcn",
-    "IP_PROTO": "protocol",
-    "IPV4_SRC": "ip",
-    "IPV4_DST": "ip",
-    "UDP_SRC": "udpPort",
-    "UDP_DST": "udpPort",
-    "TCP_SRC": "tcpPort",
-    "TCP_DST": "tcpPort",
-}
-# Member each instruction type needs (DecodeInstructionCodecHelper.decode).
-INSTRUCTION_MEMBERS = {
-    "OUTPUT": "port",
-    "QUEUE": "queueId",
-    "METER": "meterId",
-    "GROUP": "groupId",
-    "NOACTION": None,
-}
+FLOW_PRIORITY_MAX = 65535  # FlowRule.MAX_PRIORITY
 
 
 class Refused(Exception):
@@ -66,24 +42,15 @@ class Refused(Exception):
 
 def _require(node: dict[str, Any], member: str, where: str) -> Any:
     # Tools.nullIsIllegal → IllegalArgumentException → 400.
-    if node.get(member) is None:
+    if not isinstance(node, dict) or node.get(member) is None:
         raise Refused(400, f"{member} member is required in {where}")
     return node[member]
 
 
-def _schema(name: str) -> Any:
-    s = json.loads(
-        resources.files("cgloop.actuators.onos").joinpath(f"schemas/{name}.json").read_text()
-    )
-    flow = s["properties"]["flows"]["items"] if name == "FlowsBatchPost" else s
-    if name.startswith("Flows"):
-        items = flow["properties"]["treatment"]["properties"]["instructions"]["items"]
-        items["required"] = [r for r in items["required"] if r != "port"]
-    checker = jsonschema.Draft4Validator.TYPE_CHECKER.redefine(
-        "int64", lambda c, v: isinstance(v, int | str) and not isinstance(v, bool)
-    )
-    cls = jsonschema.validators.extend(jsonschema.Draft4Validator, type_checker=checker)
-    return cls(s)
+def _int(value: Any, member: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Refused(400, f"{member} must be an integer, not {value!r}")
+    return value
 
 
 @dataclass
@@ -118,9 +85,6 @@ class OnosContractServer:
         self.state = ContractState()
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
-        self._validators = {
-            n: _schema(n) for n in ("FlowsPost", "FlowsBatchPost", "MeterPost", "IntentPoint")
-        }
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -227,6 +191,8 @@ class OnosContractServer:
                         {"code": e.status, "message": e.message},
                         {},
                     )
+                except CodecError as e:
+                    status, payload, headers = 400, {"code": 400, "message": str(e)}, {}
                 except (ValueError, TypeError, KeyError, AttributeError) as e:
                     status, payload, headers = 400, {"code": 400, "message": str(e)}, {}
                 if fault:
@@ -287,7 +253,7 @@ class OnosContractServer:
             case "GET", ["flows", "application", app]:
                 return 200, {"flows": [f for f in st.flows.values() if f["appId"] == app]}, {}
             case "POST", ["flows", dev]:
-                self._validate("FlowsPost", body)
+                self._object(body)
                 if body.get("deviceId") not in (None, dev):
                     raise Refused(400, "Invalid deviceId in flow creation request")
                 body["deviceId"] = dev
@@ -296,9 +262,13 @@ class OnosContractServer:
                 flow = self._add_flow(body)
                 return 201, None, self._location("flows", dev, flow["id"])
             case "POST", ["flows"]:
-                self._validate("FlowsBatchPost", body)
+                self._object(body)
+                batch = _require(body, "flows", "FlowsBatch")
+                if not isinstance(batch, list):
+                    raise Refused(400, "flows member must be an array")
                 made = []
-                for f in _require(body, "flows", "FlowsBatch"):
+                for f in batch:
+                    self._object(f)
                     if "appId" in query:
                         f["appId"] = query["appId"]
                     flow = self._add_flow(f)
@@ -313,7 +283,7 @@ class OnosContractServer:
             case "GET", ["meters", dev]:
                 return 200, {"meters": list(st.meters.get(dev, {}).values())}, {}
             case "POST", ["meters", dev]:
-                self._validate("MeterPost", body)
+                self._object(body)
                 meter = self._decode_meter(body, dev)
                 return 201, None, self._location("meters", dev, meter["id"])
             case "DELETE", ["meters", dev, meter_id]:
@@ -336,7 +306,7 @@ class OnosContractServer:
                     raise Refused(404, "Intent is not found")
                 return 200, st.intents[(app, key)], {}
             case "POST", ["intents"]:
-                self._validate("IntentPoint", body)
+                self._object(body)
                 intent = self._decode_intent(body)
                 return 201, None, self._location("intents", intent["appId"], intent["key"])
             case "DELETE", ["intents", app, key]:
@@ -347,53 +317,25 @@ class OnosContractServer:
 
     # --- codec rules ----------------------------------------------------------------------------
 
-    def _validate(self, name: str, body: Any) -> None:
+    @staticmethod
+    def _object(body: Any) -> None:
         if not isinstance(body, dict):
             raise Refused(400, "request body must be a JSON object")
-        errors = list(self._validators[name].iter_errors(body))
-        if errors:
-            raise Refused(400, f"{name}: {errors[0].message}")
-
-    def _decode_selector(self, selector: dict[str, Any]) -> list[dict[str, Any]]:
-        out = []
-        for c in selector.get("criteria", []) or []:
-            kind = _require(c, "type", "Criterion")
-            if kind not in CRITERION_MEMBERS:
-                raise Refused(400, f"Type {kind} is unknown")
-            _require(c, CRITERION_MEMBERS[kind], "Criterion")
-            c = dict(c)
-            if kind == "ETH_TYPE":
-                v = c["ethType"]
-                # EthTypeDecoder: int or Integer.decode(text); encode writes "0x" + hex.
-                c["ethType"] = "0x" + format(v if isinstance(v, int) else int(v, 0), "x")
-            if kind in ("IP_DSCP", "IP_ECN"):
-                mask = 0x3F if kind == "IP_DSCP" else 0x3
-                key = CRITERION_MEMBERS[kind]
-                c[key] = int(c[key]) & mask  # what ONOS does: mask silently
-            out.append(c)
-        return out
-
-    def _decode_treatment(self, treatment: dict[str, Any]) -> dict[str, Any]:
-        for group in ("instructions", "deferred"):
-            for i in treatment.get(group, []) or []:
-                kind = _require(i, "type", "Instruction")
-                if kind not in INSTRUCTION_MEMBERS:
-                    raise Refused(400, f"Instruction type {kind} is not supported")
-                member = INSTRUCTION_MEMBERS[kind]
-                if member:
-                    _require(i, member, "Instruction")
-        return copy.deepcopy(treatment)
 
     def _add_flow(self, body: dict[str, Any]) -> dict[str, Any]:
-        priority = int(_require(body, "priority", "FlowRule"))
-        permanent = bool(_require(body, "isPermanent", "FlowRule"))
-        timeout = 0 if permanent else int(_require(body, "timeout", "FlowRule"))
+        priority = _int(_require(body, "priority", "FlowRule"), "priority")
+        if not 0 <= priority <= FLOW_PRIORITY_MAX:  # DefaultFlowRule's checkArgument
+            raise Refused(400, f"Priority {priority} is not in [0, {FLOW_PRIORITY_MAX}]")
+        permanent = _require(body, "isPermanent", "FlowRule")
+        if not isinstance(permanent, bool):
+            raise Refused(400, "isPermanent must be a boolean")
+        timeout = 0 if permanent else _int(_require(body, "timeout", "FlowRule"), "timeout")
         dev = str(_require(body, "deviceId", "FlowRule"))
         app = str(body.get("appId") or REST_APP)
         self.state.apps.setdefault(app, max(self.state.apps.values()) + 1)  # registerApplication
-        table = int(body.get("tableId", 0))
-        criteria = self._decode_selector(body.get("selector") or {})
-        treatment = self._decode_treatment(body.get("treatment") or {})
+        table = _int(body.get("tableId", 0), "tableId")
+        criteria = decode_selector(body.get("selector"))
+        treatment = decode_treatment(body.get("treatment"))
         identity = json.dumps(
             [dev, priority, table, sorted(json.dumps(c, sort_keys=True) for c in criteria)]
         )
@@ -474,8 +416,8 @@ class OnosContractServer:
             "state": "INSTALLED",
             "resources": [],
             "priority": int(body.get("priority", 100)),
-            "selector": {"criteria": self._decode_selector(body.get("selector") or {})},
-            "treatment": self._decode_treatment(body.get("treatment") or {}),
+            "selector": {"criteria": decode_selector(body.get("selector"))},
+            "treatment": decode_treatment(body.get("treatment")),
             **points,
         }
         self.state.intents[(app, key)] = intent
