@@ -29,7 +29,6 @@ use crate::tc::Rtnl;
 
 /// One advanced function of a slot, with its counters.
 pub struct AdvFn {
-    pub name: String,
     pub f: Box<dyn PayloadFn>,
     pub counters: Counters,
 }

@@ -476,7 +476,7 @@ impl Inner {
             "chain {:?} for class {:?}: [{}] on {} interface(s)",
             chain.chain_id,
             chain.traffic_class,
-            chain.functions.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(" -> "),
+            chain.functions.iter().map(|f| f.name()).collect::<Vec<_>>().join(" -> "),
             targets.len()
         );
         if dry {
@@ -652,15 +652,14 @@ impl Inner {
                 }
             }
             // The hand-over step stands for the advanced functions behind it (user space).
-            if functions.last().is_some_and(|f| f.name == "to_user") {
+            if functions.last().is_some_and(chains::is_hand_over) {
                 functions.pop();
                 if let Some(adv) = self.advanced.as_ref().and_then(|a| a.chain(slot)) {
                     for a in &adv.fns {
                         functions.push(ChainFunction {
-                            name: a.name.clone(),
+                            function: Some(a.f.function()),
                             kind: cgloop_proto::v1::FunctionKind::Advanced as i32,
                             core: chain.functions.get(functions.len()).map_or(0, |f| f.core),
-                            params: a.f.params().into_iter().collect(),
                             packets: a.counters.packets.load(std::sync::atomic::Ordering::Relaxed),
                             dropped_packets: a.counters.dropped.load(std::sync::atomic::Ordering::Relaxed),
                         });

@@ -6,6 +6,7 @@
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
+use cgloop_proto::catalogue::{self, Value};
 use cgloop_proto::v1::{ChainFunction, QueueHierarchy, ServiceChain};
 
 use crate::config::Bounds;
@@ -15,18 +16,6 @@ use crate::{invalid, out_of_bounds};
 
 /// Where the kernel lists the online CPUs ("0-3,6").
 const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
-
-/// Chain function parameters that name an interface: `interface` (mirror) and any
-/// `*_interface` a function may take later (redirect targets), so no new function can name an
-/// interface the bounds have not seen.
-fn names_interface(key: &str) -> bool {
-    key == "interface" || key.ends_with("_interface") || key == "redirect"
-}
-
-/// Chain function parameters that are rates in bit/s.
-fn names_rate(key: &str) -> bool {
-    key == "rate_bps" || key.ends_with("_rate_bps")
-}
 
 /// The bounds plus what the machine has (its online CPUs, read when a core is checked).
 pub struct Guard<'a> {
@@ -139,20 +128,24 @@ impl<'a> Guard<'a> {
         Ok(())
     }
 
+    /// A function's core, and every parameter the catalogue declares an interface or a rate
+    /// (ParamRule.interface / .rate), so a new function's targets are bounded as declared.
     fn function(&self, pos: usize, f: &ChainFunction) -> AgentResult<()> {
-        let at = format!("chain function #{pos} {:?}", f.name);
+        let at = format!("chain function #{pos} {:?}", f.name());
         // 0 is the proto default: not pinned (it is a core every machine has).
         if f.core != 0 {
             self.core(&format!("{at}: core"), f.core)?;
         }
-        for (key, value) in &f.params {
-            if names_interface(key) {
-                self.interface(&format!("{at}: parameter {key}"), value.trim())?;
-            }
-            if names_rate(key) {
-                if let Ok(bps) = value.trim().parse::<u64>() {
-                    self.rate(&format!("{at}: parameter {key}"), bps)?;
-                } // not a number: the function's own parser names it
+        let Some(func) = f.function.as_ref() else { return Ok(()) }; // chains::validate names it
+        for (param, value) in catalogue::values(func) {
+            match value {
+                Value::Str(name) if param.interface => {
+                    self.interface(&format!("{at}: parameter {}", param.name), name.trim())?;
+                }
+                Value::Uint(bps) if param.rate => {
+                    self.rate(&format!("{at}: parameter {}", param.name), bps)?;
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -205,20 +198,19 @@ fn cpu_list(cpus: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cgloop_proto::v1::{FunctionKind, HtbClass};
+    use cgloop_proto::v1::chain_function::Function;
+    use cgloop_proto::v1::{Dpi, FunctionKind, HtbClass, Mirror, RateLimit, dpi};
 
     fn rt0() -> Bounds {
         Bounds { interfaces: vec!["rt0".into()], ..Bounds::default() }
     }
 
-    fn func(name: &str, kind: FunctionKind, core: u32, params: &[(&str, &str)]) -> ChainFunction {
-        ChainFunction {
-            name: name.into(),
-            kind: kind as i32,
-            core,
-            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            ..Default::default()
-        }
+    fn func(function: Function, kind: FunctionKind, core: u32) -> ChainFunction {
+        ChainFunction { function: Some(function), kind: kind as i32, core, ..Default::default() }
+    }
+
+    fn mirror(interface: &str) -> Function {
+        Function::Mirror(Mirror { interface: interface.into() })
     }
 
     fn chain(fns: Vec<ChainFunction>) -> ServiceChain {
@@ -269,12 +261,12 @@ mod tests {
         let b = rt0();
         let g = Guard::new(&b);
         for target in ["lo", "eth1", " lo "] {
-            let c = chain(vec![func("mirror", FunctionKind::Basic, 0, &[("interface", target)])]);
+            let c = chain(vec![func(mirror(target), FunctionKind::Basic, 0)]);
             let e = g.chain(&c).unwrap_err();
             assert!(matches!(e, AgentError::Forbidden(_)), "{target}: {e:?}");
             assert!(e.to_string().contains("parameter interface") && e.to_string().contains("rt0"), "{e}");
         }
-        let c = chain(vec![func("mirror", FunctionKind::Basic, 0, &[("interface", "rt0")])]);
+        let c = chain(vec![func(mirror("rt0"), FunctionKind::Basic, 0)]);
         g.chain(&c).unwrap();
     }
 
@@ -283,7 +275,12 @@ mod tests {
     fn a_function_pinned_to_a_core_the_node_lacks_is_refused() {
         let b = Bounds::default();
         let g = Guard::with_cpus(&b, vec![0, 1]);
-        let dpi = func("dpi", FunctionKind::Advanced, 9999, &[("pattern", "x"), ("dscp", "1")]);
+        let dpi = Function::Dpi(Dpi {
+            pattern: Some(dpi::Pattern::Text("x".into())),
+            depth: None,
+            on_match: Some(dpi::OnMatch::MarkDscp(1)),
+        });
+        let dpi = func(dpi, FunctionKind::Advanced, 9999);
         let e = g.chain(&chain(vec![dpi.clone()])).unwrap_err();
         assert!(matches!(e, AgentError::Invalid(_)), "{e:?}");
         assert!(e.to_string().contains("core 9999") && e.to_string().contains("\"dpi\""), "{e}");
@@ -295,7 +292,8 @@ mod tests {
     fn a_rate_limit_outside_the_rate_bounds_is_refused() {
         let b = Bounds { max_rate_bps: 1_000_000, ..Bounds::default() };
         let g = Guard::new(&b);
-        let c = chain(vec![func("rate_limit", FunctionKind::Basic, 0, &[("rate_bps", "2000000"), ("burst_bytes", "3000")])]);
+        let rate = Function::RateLimit(RateLimit { rate_bps: 2_000_000, burst_bytes: 3000 });
+        let c = chain(vec![func(rate, FunctionKind::Basic, 0)]);
         let e = g.chain(&c).unwrap_err();
         assert!(matches!(e, AgentError::OutOfBounds(_)) && e.to_string().contains("rate_bps 2000000"), "{e}");
     }

@@ -1,44 +1,23 @@
-//! Service chains: the catalogue of functions, the CALVIN placement rule, and the translation
-//! of a chain to the datapath's `cgl_chain` (and back, for GetState).
+//! Service chains: validation against the chain-function catalogue, the CALVIN placement rule,
+//! and the translation of a chain to the datapath's `cgl_chain` (and back, for GetState).
 //!
-//! CALVIN (domain.md §4): header-only ("basic") functions run in BPF; functions that touch the
+//! The catalogue (which functions exist, where each runs, its parameters and their accepted
+//! values) is declared once in `proto/cgloop/v1/node_agent.proto` (`ChainFunction.function`,
+//! `FunctionTraits`, `ParamRule`); `cgloop_proto::catalogue` is generated from it. This module
+//! only says how each function is implemented: a BPF program (`datapath_fn`) or a user-space
+//! function (`payload::build`); a test checks the two agree with the declared kinds.
+//!
+//! CALVIN (§III-B): header-only ("basic") functions run in BPF; functions that touch the
 //! payload run in user space (AF_XDP), and a function never runs split across the two.
 
-use std::collections::BTreeMap;
-
-use cgloop_proto::v1::{ChainFunction, FunctionKind, ServiceChain};
+use cgloop_proto::catalogue;
+use cgloop_proto::v1::chain_function::Function;
+use cgloop_proto::v1::{Acl, ChainFunction, Forward, FunctionKind, Mark, Mirror, RateLimit, ServiceChain};
 
 use crate::bounds::Guard;
 use crate::datapath::{Chain, ChainFn, FnKind, KEEP, MAX_CHAIN_FNS};
 use crate::error::{AgentError, AgentResult};
 use crate::invalid;
-
-/// Where the catalogue says a function must run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// Header-only: a BPF program in the tail-call chain.
-    Bpf(FnKind),
-    /// Reads or rewrites the payload: user space only.
-    Payload,
-}
-
-/// Function names the agent knows and where each runs.
-pub fn placement(name: &str) -> Option<Placement> {
-    Some(match name {
-        "forward" => Placement::Bpf(FnKind::Forward),
-        "acl" | "firewall" => Placement::Bpf(FnKind::Acl),
-        "mark" | "dscp_ecn_marker" => Placement::Bpf(FnKind::Mark),
-        "rate_limit" | "token_bucket" => Placement::Bpf(FnKind::Rate),
-        "mirror" => Placement::Bpf(FnKind::Mirror),
-        "encrypt" | "decrypt" | "compress" | "decompress" | "transcode" | "fec_encode"
-        | "fec_decode" | "dpi" | "redundancy_eliminator" => Placement::Payload,
-        _ => return None,
-    })
-}
-
-const KNOWN: &str = "forward, acl, mark, rate_limit, mirror (BPF); encrypt, decrypt, compress, \
-                     decompress, transcode, fec_encode, fec_decode, dpi, redundancy_eliminator \
-                     (payload, user space)";
 
 /// Resolves interface names in function parameters (mirror targets) to ifindexes.
 pub trait Interfaces {
@@ -53,6 +32,50 @@ pub struct Compiled {
     pub advanced: Vec<crate::advanced::AdvFn>,
 }
 
+fn kind_name(kind: FunctionKind) -> &'static str {
+    kind.as_str_name()
+}
+
+/// Checks one function against the catalogue: a function is set, its parameters are within
+/// their declared values, and the kind the request declares is the function's CALVIN kind
+/// (unset: the catalogue's). Returns the function and its kind.
+pub fn validate(pos: usize, f: &ChainFunction) -> AgentResult<(&Function, FunctionKind)> {
+    let Some(func) = f.function.as_ref() else {
+        invalid!(
+            "chain function #{pos}: no function set; known functions: {}",
+            catalogue::known()
+        );
+    };
+    let spec = catalogue::spec(func);
+    if let Err(v) = catalogue::check(func) {
+        invalid!("chain function #{pos} {:?}: {v}", spec.name);
+    }
+    let asked = match FunctionKind::try_from(f.kind) {
+        Ok(FunctionKind::Unspecified) => spec.kind,
+        Ok(k) => k,
+        Err(_) => invalid!(
+            "chain function #{pos} {:?}: kind {} is not a FunctionKind (declare {} or leave it unset)",
+            spec.name,
+            f.kind,
+            kind_name(spec.kind)
+        ),
+    };
+    if asked != spec.kind {
+        let why = if spec.kind == FunctionKind::Advanced {
+            "touches the payload and is refused in BPF; it runs in user space"
+        } else {
+            "is header-only and runs in BPF; a function is never moved to (or split into) user space"
+        };
+        invalid!(
+            "CALVIN: chain function #{pos} {:?} {why}: declare it {} (or leave kind unset), not {}",
+            spec.name,
+            kind_name(spec.kind),
+            kind_name(asked)
+        );
+    }
+    Ok((func, spec.kind))
+}
+
 /// Checks a chain against the bounds (every interface, core and rate its functions name), the
 /// catalogue and CALVIN, and builds its datapath form.
 pub fn compile(chain: &ServiceChain, guard: &Guard, ifs: &dyn Interfaces) -> AgentResult<Compiled> {
@@ -60,185 +83,97 @@ pub fn compile(chain: &ServiceChain, guard: &Guard, ifs: &dyn Interfaces) -> Age
         invalid!("chain.traffic_class is empty: name the HTB class the chain serves");
     }
     guard.chain(chain)?;
+    let mut checked = Vec::with_capacity(chain.functions.len());
+    for (pos, f) in chain.functions.iter().enumerate() {
+        checked.push(validate(pos, f)?);
+    }
     let mut out = Chain { len: chain.functions.len() as u32, ..Default::default() };
     let mut advanced = Vec::new();
-    for (pos, f) in chain.functions.iter().enumerate() {
-        let Some(place) = placement(&f.name) else {
-            invalid!("chain function #{pos} {:?} is unknown; known functions: {KNOWN}", f.name);
-        };
-        let kind = FunctionKind::try_from(f.kind).unwrap_or(FunctionKind::Unspecified);
-        let fn_kind = match (place, kind) {
-            (Placement::Payload, FunctionKind::Advanced) => {
-                if advanced.is_empty() {
-                    out.fns[pos] = ChainFn { kind: FnKind::ToUser as u32, ..Default::default() };
-                    out.len = pos as u32 + 1;
-                }
-                advanced.push(crate::advanced::AdvFn {
-                    name: f.name.clone(),
-                    f: crate::payload::build(f, pos)?,
-                    counters: Default::default(),
-                });
-                continue;
+    for (pos, (func, kind)) in checked.into_iter().enumerate() {
+        let name = catalogue::spec(func).name;
+        if kind == FunctionKind::Advanced {
+            if advanced.is_empty() {
+                out.fns[pos] = ChainFn { kind: FnKind::ToUser as u32, ..Default::default() };
+                out.len = pos as u32 + 1;
             }
-            (Placement::Payload, _) => {
-                invalid!(
-                    "CALVIN: chain function #{pos} {:?} touches the payload and is refused in \
-                     BPF; declare it FUNCTION_KIND_ADVANCED to run it in user space",
-                    f.name
-                );
-            }
-            (Placement::Bpf(_), FunctionKind::Advanced) => {
-                invalid!(
-                    "CALVIN: chain function #{pos} {:?} is header-only and runs in BPF; a \
-                     function is never moved to (or split into) user space",
-                    f.name
-                );
-            }
-            (Placement::Bpf(k), _) => k,
-        };
+            advanced.push(crate::advanced::AdvFn {
+                f: crate::payload::build(func, pos)?,
+                counters: Default::default(),
+            });
+            continue;
+        }
         if !advanced.is_empty() {
             invalid!(
-                "CALVIN: chain function #{pos} {:?} is basic but follows an advanced one; basic \
-                 functions run in BPF before the hand-over to user space, so put them first",
-                f.name
+                "CALVIN: chain function #{pos} {name:?} is basic but follows an advanced one; basic \
+                 functions run in BPF before the hand-over to user space, so put them first"
             );
         }
-        out.fns[pos] = function_params(fn_kind, f, pos, ifs)?;
+        let Some(bpf) = datapath_fn(func, ifs) else {
+            return Err(AgentError::Unimplemented(format!(
+                "chain function #{pos} {name:?}: declared {} but the agent has no BPF program for it",
+                kind_name(kind)
+            )));
+        };
+        out.fns[pos] = bpf?;
     }
     Ok(Compiled { bpf: out, advanced })
 }
 
-fn param<T: std::str::FromStr>(
-    f: &ChainFunction,
-    pos: usize,
-    key: &str,
-    default: Option<T>,
-) -> AgentResult<T> {
-    match f.params.get(key) {
-        Some(v) => v.trim().parse::<T>().map_err(|_| {
-            AgentError::Invalid(format!(
-                "chain function #{pos} {:?}: parameter {key}={v:?} is not a valid number",
-                f.name
-            ))
-        }),
-        None => default.ok_or_else(|| {
-            AgentError::Invalid(format!(
-                "chain function #{pos} {:?}: parameter {key} is required",
-                f.name
-            ))
-        }),
-    }
+/// The BPF form of a header-only function (parameters already checked against the catalogue);
+/// None for a function that runs in user space.
+fn datapath_fn(func: &Function, ifs: &dyn Interfaces) -> Option<AgentResult<ChainFn>> {
+    let f = |kind: FnKind, a: u32, b: u32, c: u32, d: u64| ChainFn { kind: kind as u32, a, b, c, d };
+    Some(Ok(match func {
+        Function::Forward(Forward {}) => f(FnKind::Forward, 0, 0, 0, 0),
+        Function::Acl(Acl { proto, dst_port, src_port }) => f(FnKind::Acl, *proto, *dst_port, *src_port, 0),
+        Function::Mark(Mark { dscp, ecn }) => {
+            f(FnKind::Mark, dscp.unwrap_or(KEEP), ecn.unwrap_or(KEEP), 0, 0)
+        }
+        // The datapath keeps bytes/s in 32 bits: the catalogue's bound on rate_bps fits.
+        Function::RateLimit(RateLimit { rate_bps, burst_bytes }) => {
+            f(FnKind::Rate, 0, 0, (rate_bps / 8) as u32, *burst_bytes)
+        }
+        // Within the bounds: Guard::chain checked it before any function was built.
+        Function::Mirror(Mirror { interface }) => match ifs.ifindex(interface.trim()) {
+            Ok(i) => f(FnKind::Mirror, i, 0, 0, 0),
+            Err(e) => return Some(Err(e)),
+        },
+        Function::Dpi(_) => return None,
+    }))
 }
 
-fn function_params(
-    kind: FnKind,
-    f: &ChainFunction,
-    pos: usize,
-    ifs: &dyn Interfaces,
-) -> AgentResult<ChainFn> {
-    let allowed: &[&str] = match kind {
-        FnKind::Forward => &[],
-        FnKind::Acl => &["proto", "dst_port", "src_port"],
-        FnKind::Mark => &["dscp", "ecn"],
-        FnKind::Rate => &["rate_bps", "burst_bytes"],
-        FnKind::Mirror => &["interface"],
-        FnKind::ToUser => &[],
-    };
-    if let Some(k) = f.params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        invalid!("chain function #{pos} {:?}: unknown parameter {k:?} (takes {allowed:?})", f.name);
-    }
-    let mut out = ChainFn { kind: kind as u32, ..Default::default() };
-    match kind {
-        FnKind::Forward => {}
-        FnKind::Acl => {
-            out.a = param::<u8>(f, pos, "proto", Some(0))? as u32;
-            out.b = param::<u16>(f, pos, "dst_port", Some(0))? as u32;
-            out.c = param::<u16>(f, pos, "src_port", Some(0))? as u32;
-        }
-        FnKind::Mark => {
-            out.a = match f.params.get("dscp") {
-                None => KEEP,
-                Some(_) => param::<u8>(f, pos, "dscp", None)? as u32,
-            };
-            out.b = match f.params.get("ecn") {
-                None => KEEP,
-                Some(_) => param::<u8>(f, pos, "ecn", None)? as u32,
-            };
-            if out.a != KEEP && out.a > 63 {
-                invalid!("chain function #{pos} mark: dscp {} is not within 0..63", out.a);
-            }
-            if out.b != KEEP && out.b > 3 {
-                invalid!("chain function #{pos} mark: ecn {} is not within 0..3", out.b);
-            }
-            if out.a == KEEP && out.b == KEEP {
-                invalid!("chain function #{pos} mark: set dscp, ecn or both");
-            }
-        }
-        FnKind::Rate => {
-            let rate_bps = param::<u64>(f, pos, "rate_bps", None)?;
-            let burst = param::<u64>(f, pos, "burst_bytes", None)?;
-            if rate_bps < 8 || rate_bps / 8 > u32::MAX as u64 {
-                invalid!("chain function #{pos} rate_limit: rate_bps {rate_bps} is not within 8..34e9");
-            }
-            if !(64..=64 * 1024 * 1024).contains(&burst) {
-                invalid!("chain function #{pos} rate_limit: burst_bytes {burst} is not within 64..64MiB");
-            }
-            out.c = (rate_bps / 8) as u32;
-            out.d = burst;
-        }
-        FnKind::Mirror => {
-            let Some(name) = f.params.get("interface") else {
-                invalid!("chain function #{pos} mirror: parameter interface is required");
-            };
-            // Within the bounds: Guard::chain checked it before any function was built.
-            out.a = ifs.ifindex(name.trim())?;
-        }
-        FnKind::ToUser => {}
-    }
-    Ok(out)
+/// The hand-over step `decompile` reports where the BPF part ends and user space takes over
+/// (no function set, kind advanced); GetState replaces it with the advanced functions.
+pub fn is_hand_over(f: &ChainFunction) -> bool {
+    f.function.is_none() && f.kind == FunctionKind::Advanced as i32
 }
 
-/// Reads a datapath chain back into functions (names, parameters); counters are filled by the
-/// caller.
+/// Reads a datapath chain back into functions (typed parameters, catalogue kinds); counters
+/// are filled by the caller.
 pub fn decompile(chain: &Chain, ifs: &dyn Interfaces) -> Vec<ChainFunction> {
     let mut out = Vec::new();
     for f in chain.fns.iter().take((chain.len as usize).min(MAX_CHAIN_FNS)) {
-        let mut params = BTreeMap::new();
-        let name = match f.kind {
-            k if k == FnKind::Forward as u32 => "forward",
-            k if k == FnKind::Acl as u32 => {
-                for (key, v) in [("proto", f.a), ("dst_port", f.b), ("src_port", f.c)] {
-                    if v != 0 {
-                        params.insert(key.to_string(), v.to_string());
-                    }
-                }
-                "acl"
-            }
-            k if k == FnKind::Mark as u32 => {
-                if f.a != KEEP {
-                    params.insert("dscp".into(), f.a.to_string());
-                }
-                if f.b != KEEP {
-                    params.insert("ecn".into(), f.b.to_string());
-                }
-                "mark"
-            }
+        let keep = |v: u32| (v != KEEP).then_some(v);
+        let function = match f.kind {
+            k if k == FnKind::Forward as u32 => Function::Forward(Forward {}),
+            k if k == FnKind::Acl as u32 => Function::Acl(Acl { proto: f.a, dst_port: f.b, src_port: f.c }),
+            k if k == FnKind::Mark as u32 => Function::Mark(Mark { dscp: keep(f.a), ecn: keep(f.b) }),
             k if k == FnKind::Rate as u32 => {
-                params.insert("rate_bps".into(), (f.c as u64 * 8).to_string());
-                params.insert("burst_bytes".into(), f.d.to_string());
-                "rate_limit"
+                Function::RateLimit(RateLimit { rate_bps: f.c as u64 * 8, burst_bytes: f.d })
             }
-            k if k == FnKind::Mirror as u32 => {
-                params.insert("interface".into(), ifs.name(f.a));
-                "mirror"
+            k if k == FnKind::Mirror as u32 => Function::Mirror(Mirror { interface: ifs.name(f.a) }),
+            k if k == FnKind::ToUser as u32 => {
+                out.push(ChainFunction { kind: FunctionKind::Advanced as i32, ..Default::default() });
+                continue;
             }
-            k if k == FnKind::ToUser as u32 => "to_user",
-            _ => "unknown",
+            _ => {
+                out.push(ChainFunction::default()); // unknown program: reported as unset
+                continue;
+            }
         };
         out.push(ChainFunction {
-            name: name.into(),
-            kind: FunctionKind::Basic as i32,
-            params,
+            kind: catalogue::spec(&function).kind as i32,
+            function: Some(function),
             ..Default::default()
         });
     }
@@ -249,6 +184,7 @@ pub fn decompile(chain: &Chain, ifs: &dyn Interfaces) -> Vec<ChainFunction> {
 mod tests {
     use super::*;
     use crate::config::Bounds;
+    use cgloop_proto::v1::{Dpi, dpi};
 
     struct NoIfs;
     impl Interfaces for NoIfs {
@@ -271,72 +207,110 @@ mod tests {
         Guard::with_cpus(&ANY, vec![0, 1])
     }
 
-    fn func(name: &str, kind: FunctionKind, params: &[(&str, &str)]) -> ChainFunction {
-        ChainFunction {
-            name: name.into(),
-            kind: kind as i32,
-            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            ..Default::default()
-        }
+    fn func(function: Function, kind: FunctionKind) -> ChainFunction {
+        ChainFunction { function: Some(function), kind: kind as i32, ..Default::default() }
+    }
+
+    fn dpi_fn() -> Function {
+        Function::Dpi(Dpi {
+            pattern: Some(dpi::Pattern::Text("GAME".into())),
+            depth: None,
+            on_match: Some(dpi::OnMatch::MarkDscp(46)),
+        })
+    }
+
+    fn acl(proto: u32) -> Function {
+        Function::Acl(Acl { proto, ..Default::default() })
+    }
+
+    fn mark(dscp: Option<u32>) -> Function {
+        Function::Mark(Mark { dscp, ecn: None })
     }
 
     fn chain(fns: Vec<ChainFunction>) -> ServiceChain {
         ServiceChain { chain_id: "c".into(), traffic_class: "gaming".into(), functions: fns }
     }
 
+    fn refusal(c: &ServiceChain) -> String {
+        compile(c, &any(), &NoIfs).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    /// Every function the proto declares has the implementation its declared kind calls for:
+    /// a BPF program for elementary and basic ones, a user-space function for advanced ones.
     #[test]
-    fn payload_function_in_bpf_is_refused_by_calvin() {
-        let c = chain(vec![func("encrypt", FunctionKind::Basic, &[])]);
-        let err = compile(&c, &any(), &NoIfs).err().expect("refused");
-        assert!(matches!(err, AgentError::Invalid(_)));
-        assert!(err.to_string().contains("CALVIN"), "{err}");
+    fn every_declared_function_is_implemented_where_its_kind_says() {
+        let samples = [
+            Function::Forward(Forward {}),
+            acl(17),
+            mark(Some(46)),
+            Function::RateLimit(RateLimit { rate_bps: 8_000_000, burst_bytes: 3000 }),
+            Function::Mirror(Mirror { interface: "mon0".into() }),
+            dpi_fn(),
+        ];
+        let mut seen: Vec<&str> = samples.iter().map(|f| catalogue::spec(f).name).collect();
+        seen.sort();
+        let mut declared: Vec<&str> = catalogue::FUNCTIONS.iter().map(|s| s.name).collect();
+        declared.sort();
+        assert_eq!(seen, declared, "a sample per declared function");
+        for f in samples {
+            let spec = catalogue::spec(&f);
+            catalogue::check(&f).unwrap_or_else(|v| panic!("{}: {v}", spec.name));
+            let in_bpf = datapath_fn(&f, &NoIfs).is_some();
+            let in_user = crate::payload::build(&f, 0).is_ok();
+            assert_eq!(in_bpf, spec.kind != FunctionKind::Advanced, "{}", spec.name);
+            assert_eq!(in_user, spec.kind == FunctionKind::Advanced, "{}", spec.name);
+        }
     }
 
     #[test]
-    fn header_function_is_never_moved_to_user_space() {
-        let c = chain(vec![func("acl", FunctionKind::Advanced, &[])]);
-        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("CALVIN"));
+    fn a_function_is_refused_in_the_other_place_by_calvin() {
+        let err = refusal(&chain(vec![func(dpi_fn(), FunctionKind::Basic)]));
+        assert!(err.contains("CALVIN") && err.contains("FUNCTION_KIND_ADVANCED"), "{err}");
+        let err = refusal(&chain(vec![func(acl(6), FunctionKind::Advanced)]));
+        assert!(err.contains("CALVIN") && err.contains("FUNCTION_KIND_BASIC"), "{err}");
+        // Unset: the catalogue's kind.
+        let c = chain(vec![func(acl(6), FunctionKind::Unspecified), func(dpi_fn(), FunctionKind::Unspecified)]);
+        assert_eq!(compile(&c, &any(), &NoIfs).unwrap().advanced.len(), 1);
+        let mut bad = func(acl(6), FunctionKind::Basic);
+        bad.kind = 9;
+        assert!(refusal(&chain(vec![bad])).contains("kind 9 is not a FunctionKind"));
     }
 
     #[test]
-    fn advanced_function_without_an_implementation_says_so() {
-        let c = chain(vec![func("transcode", FunctionKind::Advanced, &[])]);
-        assert!(matches!(compile(&c, &any(), &NoIfs).err(), Some(AgentError::Unimplemented(_))));
+    fn a_function_without_a_member_set_is_refused_naming_the_catalogue() {
+        let err = refusal(&chain(vec![ChainFunction::default()]));
+        assert!(err.contains("#0: no function set") && err.contains("rate_limit (basic)"), "{err}");
+        assert!(err.contains("dpi (advanced)") && err.contains("forward (elementary)"), "{err}");
     }
 
     #[test]
     fn advanced_suffix_goes_to_user_space_after_the_basic_prefix() {
-        let dpi = func("dpi", FunctionKind::Advanced, &[("pattern", "GAME"), ("dscp", "46")]);
-        let acl = func("acl", FunctionKind::Basic, &[("proto", "6")]);
+        let dpi = func(dpi_fn(), FunctionKind::Advanced);
+        let acl = func(acl(6), FunctionKind::Basic);
         let compiled = compile(&chain(vec![acl.clone(), dpi.clone()]), &any(), &NoIfs).unwrap();
         assert_eq!(compiled.bpf.len, 2);
         assert_eq!(compiled.bpf.fns[1].kind, FnKind::ToUser as u32);
         assert_eq!(compiled.advanced.len(), 1);
-        assert_eq!(compiled.advanced[0].name, "dpi");
+        assert_eq!(compiled.advanced[0].f.function(), dpi_fn());
+        let back = decompile(&compiled.bpf, &NoIfs);
+        assert!(is_hand_over(&back[1]) && !is_hand_over(&back[0]));
         // A basic function after an advanced one would have to come back to BPF: refused.
-        let err = compile(&chain(vec![dpi, acl]), &any(), &NoIfs).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = refusal(&chain(vec![dpi, acl]));
         assert!(err.contains("CALVIN") && err.contains("follows an advanced"), "{err}");
     }
 
     #[test]
     fn chain_round_trips_through_the_datapath_form() {
         let c = chain(vec![
-            func("acl", FunctionKind::Basic, &[("proto", "17"), ("dst_port", "9")]),
-            func("mark", FunctionKind::Basic, &[("dscp", "46")]),
-            func("rate_limit", FunctionKind::Basic, &[("rate_bps", "8000000"), ("burst_bytes", "3000")]),
-            func("mirror", FunctionKind::Basic, &[("interface", "mon0")]),
-            func("forward", FunctionKind::Elementary, &[]),
+            func(Function::Acl(Acl { proto: 17, dst_port: 9, src_port: 0 }), FunctionKind::Basic),
+            func(mark(Some(46)), FunctionKind::Basic),
+            func(Function::RateLimit(RateLimit { rate_bps: 8_000_000, burst_bytes: 3000 }), FunctionKind::Basic),
+            func(Function::Mirror(Mirror { interface: "mon0".into() }), FunctionKind::Basic),
+            func(Function::Forward(Forward {}), FunctionKind::Elementary),
         ]);
         let compiled = compile(&c, &any(), &NoIfs).unwrap().bpf;
         assert_eq!(compiled.len, 5);
-        let back = decompile(&compiled, &NoIfs);
-        let names: Vec<_> = back.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["acl", "mark", "rate_limit", "mirror", "forward"]);
-        assert_eq!(back[0].params["dst_port"], "9");
-        assert_eq!(back[1].params["dscp"], "46");
-        assert!(!back[1].params.contains_key("ecn"));
-        assert_eq!(back[2].params["rate_bps"], "8000000");
-        assert_eq!(back[3].params["interface"], "mon0");
+        assert_eq!(decompile(&compiled, &NoIfs), c.functions);
     }
 
     /// issue 17 finding 5: with `[bounds] interfaces = ["rt0"]` a mirror to `lo` (or to
@@ -346,7 +320,8 @@ mod tests {
         let rt0 = Bounds { interfaces: vec!["rt0".into()], ..Bounds::default() };
         let guard = Guard::with_cpus(&rt0, vec![0, 1]);
         for target in ["lo", "mon0"] {
-            let c = chain(vec![func("mirror", FunctionKind::Basic, &[("interface", target)])]);
+            let m = Function::Mirror(Mirror { interface: target.into() });
+            let c = chain(vec![func(m, FunctionKind::Basic)]);
             let err = compile(&c, &guard, &NoIfs).err().expect("refused");
             assert!(matches!(err, AgentError::Forbidden(_)), "{target}: {err:?}");
             assert!(err.to_string().contains(&format!("interface \"{target}\"")), "{err}");
@@ -356,7 +331,7 @@ mod tests {
     /// issue 17 finding 5: an advanced function pinned to core 9999 was accepted.
     #[test]
     fn a_function_pinned_to_a_missing_core_is_refused() {
-        let mut dpi = func("dpi", FunctionKind::Advanced, &[("pattern", "GAME"), ("dscp", "46")]);
+        let mut dpi = func(dpi_fn(), FunctionKind::Advanced);
         dpi.core = 9999;
         let err = compile(&chain(vec![dpi]), &any(), &NoIfs).err().expect("refused");
         assert!(matches!(err, AgentError::Invalid(_)), "{err:?}");
@@ -364,14 +339,19 @@ mod tests {
     }
 
     #[test]
-    fn bad_parameters_are_named() {
-        let c = chain(vec![func("mark", FunctionKind::Basic, &[("dscp", "64")])]);
-        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("dscp 64"));
-        let c = chain(vec![func("acl", FunctionKind::Basic, &[("port", "1")])]);
-        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("\"port\""));
-        let c = chain(vec![func("rate_limit", FunctionKind::Basic, &[("rate_bps", "x1")])]);
-        assert!(compile(&c, &any(), &NoIfs).err().expect("refused").to_string().contains("rate_bps"));
-        let c = chain(vec![func("forward", FunctionKind::Basic, &[]); 9]);
+    fn bad_parameters_are_named_with_the_accepted_values() {
+        let cases = [
+            (mark(Some(64)), "#0 \"mark\": dscp 64 is not within 0..63"),
+            (mark(None), "#0 \"mark\": set dscp, ecn, or several"),
+            (Function::Acl(Acl { dst_port: 70000, ..Default::default() }), "dst_port 70000 is not within 0..65535"),
+            (Function::RateLimit(RateLimit { rate_bps: 1_000_000, burst_bytes: 10 }), "burst_bytes 10 is not within 64..67108864"),
+            (Function::Mirror(Mirror { interface: "x".repeat(16) }), "is not within length 1..15"),
+        ];
+        for (f, needle) in cases {
+            let err = refusal(&chain(vec![func(f, FunctionKind::Basic)]));
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        let c = chain(vec![func(Function::Forward(Forward {}), FunctionKind::Elementary); 9]);
         assert!(matches!(compile(&c, &any(), &NoIfs).err().expect("refused"), AgentError::OutOfBounds(_)));
     }
 }

@@ -61,8 +61,8 @@ pub fn functions(state: &NodeState) -> Vec<FunctionCounters> {
     let mut by_name: BTreeMap<String, FunctionCounters> = BTreeMap::new();
     for chain in &state.chains {
         for f in &chain.functions {
-            let e = by_name.entry(f.name.clone()).or_insert_with(|| FunctionCounters {
-                function_name: f.name.clone(),
+            let e = by_name.entry(f.name().to_string()).or_insert_with(|| FunctionCounters {
+                function_name: f.name().to_string(),
                 core: f.core,
                 ..Default::default()
             });
@@ -184,8 +184,14 @@ mod tests {
 
     #[test]
     fn functions_are_summed_per_name_with_forwarded_packets() {
+        use cgloop_proto::v1::chain_function::Function;
+        use cgloop_proto::v1::{Acl, Dpi};
         let f = |name: &str, packets, dropped| ChainFunction {
-            name: name.into(),
+            function: Some(if name == "dpi" {
+                Function::Dpi(Dpi::default())
+            } else {
+                Function::Acl(Acl::default())
+            }),
             packets,
             dropped_packets: dropped,
             ..Default::default()

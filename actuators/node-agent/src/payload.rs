@@ -1,15 +1,16 @@
 //! Advanced ("payload") chain functions, run by the user-space worker behind AF_XDP
 //! (src/advanced.rs) on whole Ethernet frames (domain.md §4, CALVIN).
 //!
-//! The set is extensible: a function implements [`PayloadFn`] and gets a line in [`build`].
-//! Implemented: `dpi`, a payload pattern tagger/filter for cloud gaming (find a byte pattern in
+//! The set is extensible: a function is declared in the catalogue (a message in
+//! `ChainFunction.function` with kind FUNCTION_KIND_ADVANCED), implements [`PayloadFn`] and
+//! gets a line in [`build`]. Implemented: `dpi`, a payload pattern tagger/filter for cloud gaming (find a byte pattern in
 //! the first `depth` bytes of the UDP/TCP payload — e.g. a game's input or session-control
 //! message marker, or an RTP payload type byte — then set the packet's DSCP so the network
 //! prioritises it, or drop it).
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
-use cgloop_proto::v1::ChainFunction;
+use cgloop_proto::v1::chain_function::Function;
+use cgloop_proto::v1::dpi::{OnMatch, Pattern};
 
 use crate::error::{AgentError, AgentResult};
 use crate::invalid;
@@ -27,8 +28,8 @@ pub enum Verdict {
 pub trait PayloadFn: Send + Sync {
     /// Runs on one frame in place.
     fn run(&self, frame: &mut [u8]) -> Verdict;
-    /// The parameters as given (GetState reads them back).
-    fn params(&self) -> BTreeMap<String, String>;
+    /// The function with its parameters as given (GetState reads them back).
+    fn function(&self) -> Function;
 }
 
 /// Per-function counters of the worker.
@@ -39,13 +40,14 @@ pub struct Counters {
     pub dropped: AtomicU64,
 }
 
-/// Builds an advanced function from its request entry, or says why not.
-pub fn build(f: &ChainFunction, pos: usize) -> AgentResult<Box<dyn PayloadFn>> {
-    match f.name.as_str() {
-        "dpi" => Ok(Box::new(Dpi::new(f, pos)?)),
+/// Builds an advanced function from its request entry (parameters already checked against
+/// the catalogue's declared values), or says why not.
+pub fn build(f: &Function, pos: usize) -> AgentResult<Box<dyn PayloadFn>> {
+    match f {
+        Function::Dpi(d) => Ok(Box::new(Dpi::new(d, pos)?)),
         other => Err(AgentError::Unimplemented(format!(
-            "chain function #{pos} {other:?}: no user-space implementation yet (advanced \
-             functions available: dpi)"
+            "chain function #{pos} {:?}: not a user-space function",
+            cgloop_proto::catalogue::spec(other).name
         ))),
     }
 }
@@ -178,13 +180,13 @@ fn set_dscp(frame: &mut [u8], at: &L4, dscp: u8) {
     frame[l3 + 10..l3 + 12].copy_from_slice(&check.to_be_bytes());
 }
 
-/// `dpi`: pattern (text) or pattern_hex, depth (bytes of payload searched, default 256),
-/// action = mark (needs dscp 0..63) | drop.
+/// `dpi`: the pattern as text or hex, depth (bytes of payload searched, default 256), then
+/// mark_dscp or drop (cgloop.v1.Dpi).
 pub struct Dpi {
     finder: memchr::memmem::Finder<'static>,
     depth: usize,
     mark: Option<u8>,
-    params: BTreeMap<String, String>,
+    given: cgloop_proto::v1::Dpi,
 }
 
 fn hex(s: &str) -> Option<Vec<u8>> {
@@ -198,44 +200,30 @@ fn hex(s: &str) -> Option<Vec<u8>> {
 impl Dpi {
     pub const MAX_PATTERN: usize = 64;
 
-    fn new(f: &ChainFunction, pos: usize) -> AgentResult<Self> {
-        const ALLOWED: [&str; 5] = ["pattern", "pattern_hex", "depth", "action", "dscp"];
-        if let Some(k) = f.params.keys().find(|k| !ALLOWED.contains(&k.as_str())) {
-            invalid!("chain function #{pos} \"dpi\": unknown parameter {k:?} (takes {ALLOWED:?})");
+    /// The declared values (pattern lengths, depth, DSCP, a pattern and an action set) are the
+    /// catalogue's; what it cannot say is checked here (hex digits, the pattern's bytes).
+    fn new(d: &cgloop_proto::v1::Dpi, pos: usize) -> AgentResult<Self> {
+        if let Err(v) = cgloop_proto::catalogue::check(&Function::Dpi(d.clone())) {
+            invalid!("chain function #{pos} \"dpi\": {v}");
         }
-        let pattern = match (f.params.get("pattern"), f.params.get("pattern_hex")) {
-            (Some(p), None) => p.as_bytes().to_vec(),
-            (None, Some(h)) => match hex(h) {
+        let pattern = match &d.pattern {
+            Some(Pattern::Text(p)) => p.as_bytes().to_vec(),
+            Some(Pattern::Hex(h)) => match hex(h) {
                 Some(b) => b,
-                None => invalid!("chain function #{pos} \"dpi\": pattern_hex {h:?} is not hex bytes"),
+                None => invalid!("chain function #{pos} \"dpi\": hex {h:?} is not hex bytes (two digits each)"),
             },
-            _ => invalid!("chain function #{pos} \"dpi\": give exactly one of pattern, pattern_hex"),
+            None => invalid!("chain function #{pos} \"dpi\": pattern: set one of text, hex"),
         };
         if pattern.is_empty() || pattern.len() > Self::MAX_PATTERN {
             invalid!("chain function #{pos} \"dpi\": the pattern must have 1..{} bytes", Self::MAX_PATTERN);
         }
-        let depth = match f.params.get("depth") {
-            None => 256,
-            Some(d) => match d.trim().parse::<usize>() {
-                Ok(d) if (1..=1500).contains(&d) => d,
-                _ => invalid!("chain function #{pos} \"dpi\": depth {d:?} is not within 1..1500"),
-            },
+        let depth = d.depth.unwrap_or(256) as usize;
+        let mark = match d.on_match {
+            Some(OnMatch::MarkDscp(dscp)) => Some(dscp as u8),
+            Some(OnMatch::Drop(_)) => None,
+            None => invalid!("chain function #{pos} \"dpi\": on_match: set one of mark_dscp, drop"),
         };
-        let mark = match f.params.get("action").map(String::as_str).unwrap_or("mark") {
-            "mark" => match f.params.get("dscp").map(|d| d.trim().parse::<u8>()) {
-                Some(Ok(d)) if d <= 63 => Some(d),
-                Some(_) => invalid!("chain function #{pos} \"dpi\": dscp must be within 0..63"),
-                None => invalid!("chain function #{pos} \"dpi\": action mark needs dscp"),
-            },
-            "drop" => None,
-            other => invalid!("chain function #{pos} \"dpi\": action {other:?} is not mark or drop"),
-        };
-        Ok(Self {
-            finder: memchr::memmem::Finder::new(&pattern).into_owned(),
-            depth,
-            mark,
-            params: f.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        })
+        Ok(Self { finder: memchr::memmem::Finder::new(&pattern).into_owned(), depth, mark, given: d.clone() })
     }
 
     /// Whether the frame's payload holds the pattern (and where its headers are).
@@ -258,24 +246,26 @@ impl PayloadFn for Dpi {
         }
     }
 
-    fn params(&self) -> BTreeMap<String, String> {
-        self.params.clone()
+    fn function(&self) -> Function {
+        Function::Dpi(self.given.clone())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cgloop_proto::v1::FunctionKind;
+    use cgloop_proto::v1::{Acl, DpiDrop};
 
-    fn dpi(params: &[(&str, &str)]) -> AgentResult<Box<dyn PayloadFn>> {
-        let f = ChainFunction {
-            name: "dpi".into(),
-            kind: FunctionKind::Advanced as i32,
-            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            ..Default::default()
-        };
-        build(&f, 2)
+    fn dpi(pattern: Option<Pattern>, depth: Option<u32>, on_match: Option<OnMatch>) -> AgentResult<Box<dyn PayloadFn>> {
+        build(&Function::Dpi(cgloop_proto::v1::Dpi { pattern, depth, on_match }), 2)
+    }
+
+    fn text(p: &str) -> Option<Pattern> {
+        Some(Pattern::Text(p.into()))
+    }
+
+    fn hex_of(p: &str) -> Option<Pattern> {
+        Some(Pattern::Hex(p.into()))
     }
 
     /// Ethernet + IPv4 (valid checksum) + UDP + payload.
@@ -309,7 +299,7 @@ mod tests {
 
     #[test]
     fn marks_matching_payloads_with_a_valid_checksum_and_leaves_others() {
-        let f = dpi(&[("pattern", "GAMEINPUT"), ("dscp", "46")]).unwrap();
+        let f = dpi(text("GAMEINPUT"), None, Some(OnMatch::MarkDscp(46))).unwrap();
         let mut hit = udp_frame(b"xx GAMEINPUT yy", 0x01);
         assert_eq!(f.run(&mut hit), Verdict::Matched);
         assert_eq!(hit[15], (46 << 2) | 0x01, "DSCP set, ECN kept");
@@ -337,7 +327,7 @@ mod tests {
 
     #[test]
     fn drop_action_and_depth() {
-        let f = dpi(&[("pattern_hex", "cafe"), ("action", "drop"), ("depth", "4")]).unwrap();
+        let f = dpi(hex_of("cafe"), Some(4), Some(OnMatch::Drop(DpiDrop {}))).unwrap();
         assert_eq!(f.run(&mut udp_frame(&[0, 0xca, 0xfe, 0], 0)), Verdict::Drop);
         assert_eq!(f.run(&mut udp_frame(&[0, 0, 0, 0, 0xca, 0xfe], 0)), Verdict::Pass, "beyond depth");
         // Truncated or non-IP frames pass untouched, never panic.
@@ -350,18 +340,25 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_named() {
-        for (params, needle) in [
-            (&[("dscp", "1")][..], "exactly one of pattern"),
-            (&[("pattern", "a"), ("dscp", "99")][..], "dscp must be within"),
-            (&[("pattern", "a")][..], "needs dscp"),
-            (&[("pattern_hex", "zz"), ("action", "drop")][..], "not hex"),
-            (&[("pattern", "a"), ("action", "tag")][..], "not mark or drop"),
-            (&[("pattern", "a"), ("action", "drop"), ("port", "1")][..], "unknown parameter"),
+        let mark = Some(OnMatch::MarkDscp(1));
+        for (pattern, depth, on_match, needle) in [
+            (None, None, mark.clone(), "pattern: set one of text, hex"),
+            (text("a"), None, Some(OnMatch::MarkDscp(99)), "mark_dscp 99 is not within 0..63"),
+            (text("a"), None, None, "on_match: set one of mark_dscp, drop"),
+            (hex_of("zz"), None, mark.clone(), "not hex"),
+            (hex_of("abc"), None, mark.clone(), "not hex"),
+            (text(&"x".repeat(65)), None, mark.clone(), "is not within length 1..64"),
+            (hex_of(&"ab".repeat(65)), None, mark.clone(), "is not within length 2..128"),
+            (text(&"é".repeat(33)), None, mark.clone(), "is not within length 1..64"), // bytes
+            (text("a"), Some(0), mark.clone(), "depth 0 is not within 1..1500"),
         ] {
-            let e = dpi(params).err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(e.contains(needle) && e.contains("#2"), "{params:?}: {e}");
+            let e = dpi(pattern, depth, on_match).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(needle) && e.contains("#2"), "{needle}: {e}");
         }
-        let f = ChainFunction { name: "transcode".into(), ..Default::default() };
-        assert!(matches!(build(&f, 0), Err(AgentError::Unimplemented(_))));
+        assert!(matches!(build(&Function::Acl(Acl::default()), 0), Err(AgentError::Unimplemented(_))));
+        // GetState reads the function back as given.
+        let given = cgloop_proto::v1::Dpi { pattern: text("GAME"), depth: Some(64), on_match: mark };
+        let f = build(&Function::Dpi(given.clone()), 0).unwrap();
+        assert_eq!(f.function(), Function::Dpi(given));
     }
 }
