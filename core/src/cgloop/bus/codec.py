@@ -23,12 +23,14 @@ from collections.abc import Sequence
 
 from cgloop.bus.topics import Topic
 from cgloop.contracts import SCHEMA_VERSION
+from cgloop.contracts.bus import BusHeader, header_name
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-TYPE_HEADER = "cgloop-type"
-SCHEMA_HEADER = "cgloop-schema-version"
+# Declared in proto/cgloop/v1/bus.proto (BusHeader), as the Rust producers read them.
+TYPE_HEADER = header_name(BusHeader.BUS_HEADER_TYPE)
+SCHEMA_HEADER = header_name(BusHeader.BUS_HEADER_SCHEMA_VERSION)
 
 Headers = Sequence[tuple[str, bytes | str | None]]
 

@@ -16,6 +16,7 @@ from cgloop.bus.codec import DecodeError, decode, encode, headers_for
 from cgloop.bus.topics import DEADLETTER, TOPICS, Topic, topic
 from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
+from cgloop.contracts.bus import BusProducer, producer_settings
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -109,21 +110,25 @@ class GroupOffsets:
 
 
 class BatchProducer:
-    """Sends protobuf batches to cgloop topics; `flush()` before exit or after critical sends."""
+    """Sends protobuf batches to cgloop topics; `flush()` before exit or after critical sends.
+
+    Runs with the librdkafka settings declared for Python producers in bus.proto
+    (BUS_PRODUCER_PYTHON: idempotent, acks=all, lz4, linger); `config` may add what is the
+    caller's own (security, timeouts, size limits) but may not change a declared setting."""
 
     def __init__(self, bootstrap: str, client_id: str = "cgloop", **config: str | int) -> None:
-        self._producer = Producer(
-            client_config(
-                bootstrap,
-                {
-                    "client.id": client_id,
-                    "enable.idempotence": True,  # no duplicates from producer retries
-                    "linger.ms": 5,
-                    "compression.type": "lz4",
-                    **config,
-                },
+        declared = producer_settings(BusProducer.BUS_PRODUCER_PYTHON)
+        changed = sorted(k for k in config if k in declared)
+        if changed:
+            raise ValueError(
+                f"producer settings {changed} are declared once for every producer "
+                "(proto/cgloop/v1/bus.proto, BusProducer); name a difference there"
             )
+        # What the producer was built with (tests compare it to the table).
+        self.config: dict = client_config(
+            bootstrap, {"client.id": client_id, **config, **declared}
         )
+        self._producer = Producer(self.config)
         self.delivery_errors: list[str] = []
 
     def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:

@@ -1,4 +1,8 @@
-"""cgloop's Kafka topics: name, batch type, partitions, retention.
+"""cgloop's Kafka topics: name, batch type, partitions, retention, key.
+
+The table is declared once, in proto/cgloop/v1/bus.proto (read through cgloop.contracts.bus;
+the Rust producers read the same declaration). Code names a topic by the constants below
+(`FLOWS.name`), never by a string of its own.
 
 Partition counts are sized for one node and can be raised (never lowered) on a real cluster;
 keys keep one flow (or one subject) on one partition, so per-flow order is preserved.
@@ -6,9 +10,10 @@ keys keep one flow (or one subject) on one partition, so per-flow order is prese
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
+from cgloop.contracts.bus import BusTopic, topic_specs
+from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 HOUR_MS = 3_600_000
@@ -18,15 +23,16 @@ DAY_MS = 24 * HOUR_MS
 @dataclass(frozen=True)
 class Topic:
     name: str
-    message_type: str  # "module:Class" under cgloop.v1, the batch type every message carries
+    batch_type: str  # full protobuf name of the batch every message carries (cgloop.v1.*)
     partitions: int
     retention_ms: int
     key: str  # what the producer keys messages by (for partition locality)
     description: str
 
     def message_class(self) -> type[Message]:
-        module, cls = self.message_type.split(":")
-        return getattr(importlib.import_module(f"cgloop.v1.{module}"), cls)
+        # The batch types' modules are imported below, so the default pool knows them.
+        desc = descriptor_pool.Default().FindMessageTypeByName(self.batch_type)
+        return message_factory.GetMessageClass(desc)
 
     @property
     def full_type_name(self) -> str:
@@ -36,79 +42,45 @@ class Topic:
         return {"retention.ms": str(self.retention_ms), "cleanup.policy": "delete"}
 
 
-TOPICS: dict[str, Topic] = {
-    t.name: t
-    for t in [
-        Topic(
-            "cgloop.flows.v1",
-            "flow_pb2:FlowRecordBatch",
-            6,
-            6 * HOUR_MS,
-            "five-tuple hash",
-            "per-flow interval records from the XDP probe",
-        ),
-        Topic(
-            "cgloop.int.v1",
-            "int_pb2:IntRecordBatch",
-            6,
-            6 * HOUR_MS,
-            "inner five-tuple or switch id",
-            "INT hop/flow/queue/drop records from the collector",
-        ),
-        Topic(
-            "cgloop.probes.v1",
-            "probe_pb2:ProbeRecordBatch",
-            3,
-            DAY_MS,
-            "probe target",
-            "active latency probe results",
-        ),
-        Topic(
-            "cgloop.nodes.v1",
-            "node_pb2:NodeSampleBatch",
-            3,
-            DAY_MS,
-            "node id",
-            "node samples: CPU frequency, utilisation, power, function counters",
-        ),
-        Topic(
-            "cgloop.detections.v1",
-            "detection_pb2:DetectionBatch",
-            3,
-            7 * DAY_MS,
-            "detection subject",
-            "detections from analytics",
-        ),
-        Topic(
-            "cgloop.actions.v1",
-            "action_pb2:ActionBatch",
-            3,
-            30 * DAY_MS,
-            "action target",
-            "policy engine actions and their results (the audit trail)",
-        ),
-        Topic(
-            "cgloop.deadletter.v1",
-            "deadletter_pb2:DeadLetter",
-            1,
-            7 * DAY_MS,
-            "original topic",
-            "messages no consumer could decode, with the reason",
-        ),
-    ]
-}
+def _import_batch_types() -> None:
+    from cgloop.v1 import (  # noqa: F401
+        action_pb2,
+        deadletter_pb2,
+        detection_pb2,
+        flow_pb2,
+        int_pb2,
+        node_pb2,
+        probe_pb2,
+    )
 
-DEADLETTER = TOPICS["cgloop.deadletter.v1"]
+
+_import_batch_types()
+
+_BY_ID: dict[int, Topic] = {
+    number: Topic(
+        spec.name,
+        spec.batch_type,
+        spec.partitions,
+        spec.retention_hours * HOUR_MS,
+        spec.key,
+        spec.description,
+    )
+    for number, spec in topic_specs().items()
+}
+TOPICS: dict[str, Topic] = {t.name: t for t in _BY_ID.values()}
+
+FLOWS = _BY_ID[BusTopic.BUS_TOPIC_FLOWS]
+INT = _BY_ID[BusTopic.BUS_TOPIC_INT]
+PROBES = _BY_ID[BusTopic.BUS_TOPIC_PROBES]
+NODES = _BY_ID[BusTopic.BUS_TOPIC_NODES]
+DETECTIONS = _BY_ID[BusTopic.BUS_TOPIC_DETECTIONS]
+ACTIONS = _BY_ID[BusTopic.BUS_TOPIC_ACTIONS]
+DEADLETTER = _BY_ID[BusTopic.BUS_TOPIC_DEADLETTER]
+
 # What the analytics worker consumes, declared here so the loop (which starts the worker as a
 # process and waits for its group to catch up) names the same topics without importing it. The
 # loop's own actions tell the worker which flows now carry another DSCP.
-ANALYTICS_INPUTS = tuple(
-    TOPICS[name].name
-    for name in (
-        "cgloop.flows.v1", "cgloop.int.v1", "cgloop.probes.v1", "cgloop.nodes.v1",
-        "cgloop.actions.v1",
-    )
-)  # fmt: skip
+ANALYTICS_INPUTS = tuple(t.name for t in (FLOWS, INT, PROBES, NODES, ACTIONS))
 
 
 def topic(name: str) -> Topic:

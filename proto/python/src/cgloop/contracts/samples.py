@@ -12,6 +12,7 @@ flow has TCP flags). Doubles are exactly representable so no decimal rounding di
 from collections.abc import Callable
 
 from cgloop.contracts import SCHEMA_VERSION
+from cgloop.contracts.bus import topic_specs
 from cgloop.v1 import (
     action_pb2,
     common_pb2,
@@ -384,13 +385,15 @@ SAMPLES: dict[str, Callable[[], Message]] = {
     "dead_letter": sample_dead_letter,
 }
 
-# The sample carried by each topic (cgloop.bus.topics), for tests that fill every topic.
+
+def _sample_name(batch_type: str) -> str:
+    """cgloop.v1.FlowRecordBatch -> flow_record_batch (the SAMPLES key of that type)."""
+    short = batch_type.rsplit(".", 1)[-1]
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in short).lstrip("_")
+
+
+# The sample carried by each topic (the bus table, cgloop.contracts.bus), for tests that fill
+# every topic.
 SAMPLE_FOR_TOPIC: dict[str, str] = {
-    "cgloop.flows.v1": "flow_record_batch",
-    "cgloop.int.v1": "int_record_batch",
-    "cgloop.probes.v1": "probe_record_batch",
-    "cgloop.nodes.v1": "node_sample_batch",
-    "cgloop.detections.v1": "detection_batch",
-    "cgloop.actions.v1": "action_batch",
-    "cgloop.deadletter.v1": "dead_letter",
+    spec.name: _sample_name(spec.batch_type) for spec in topic_specs().values()
 }
