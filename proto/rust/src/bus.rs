@@ -59,10 +59,16 @@ impl Table {
             table.headers.insert(v.number, name);
         }
         for v in values("BusProducer")? {
-            let settings = v.options.and_then(|o| o.producer_settings).unwrap_or_default();
+            let settings = v
+                .options
+                .and_then(|o| o.producer_settings)
+                .unwrap_or_default();
             table.producers.insert(v.number, settings);
         }
-        if table.producers.get(&(BusProducer::Default as i32)).is_none_or(|s| s.librdkafka.is_empty())
+        if table
+            .producers
+            .get(&(BusProducer::Default as i32))
+            .is_none_or(|s| s.librdkafka.is_empty())
         {
             return Err("BUS_PRODUCER_DEFAULT declares no producer_settings".into());
         }
@@ -98,7 +104,10 @@ pub fn header(h: BusHeader) -> &'static str {
 pub fn message_headers(t: BusTopic) -> [(&'static str, String); 2] {
     [
         (header(BusHeader::Type), topic(t).batch_type.clone()),
-        (header(BusHeader::SchemaVersion), crate::SCHEMA_VERSION.to_string()),
+        (
+            header(BusHeader::SchemaVersion),
+            crate::SCHEMA_VERSION.to_string(),
+        ),
     ]
 }
 
@@ -107,7 +116,12 @@ pub fn producer_settings(p: BusProducer) -> BTreeMap<&'static str, &'static str>
     let mut settings = BTreeMap::new();
     for which in [BusProducer::Default, p] {
         if let Some(declared) = TABLE.producers.get(&(which as i32)) {
-            settings.extend(declared.librdkafka.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            settings.extend(
+                declared
+                    .librdkafka
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str())),
+            );
         }
     }
     settings
@@ -115,7 +129,10 @@ pub fn producer_settings(p: BusProducer) -> BTreeMap<&'static str, &'static str>
 
 /// Why `p` differs from the default ("" when it does not).
 pub fn producer_reason(p: BusProducer) -> &'static str {
-    TABLE.producers.get(&(p as i32)).map_or("", |s| s.reason.as_str())
+    TABLE
+        .producers
+        .get(&(p as i32))
+        .map_or("", |s| s.reason.as_str())
 }
 
 /// Every librdkafka property a producer of component `p` starts with: its security settings,
@@ -128,11 +145,18 @@ pub fn producer_properties(
     client_id: &str,
     security: &KafkaSecurity,
 ) -> Vec<(String, String)> {
-    let mut props: Vec<(String, String)> =
-        security.properties().iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let mut props: Vec<(String, String)> = security
+        .properties()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     props.push(("bootstrap.servers".into(), bootstrap.into()));
     props.push(("client.id".into(), client_id.into()));
-    props.extend(producer_settings(p).into_iter().map(|(k, v)| (k.into(), v.into())));
+    props.extend(
+        producer_settings(p)
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into())),
+    );
     props
 }
 
@@ -153,7 +177,9 @@ fn json_string(s: &str) -> String {
 }
 
 fn json_object<'a>(entries: impl Iterator<Item = (String, String)> + 'a) -> String {
-    let body: Vec<String> = entries.map(|(k, v)| format!("{}: {v}", json_string(&k))).collect();
+    let body: Vec<String> = entries
+        .map(|(k, v)| format!("{}: {v}", json_string(&k)))
+        .collect();
     format!("{{{}}}", body.join(", "))
 }
 
@@ -180,7 +206,9 @@ pub fn table_json() -> String {
     let producers = json_object(TABLE.producers.keys().filter_map(|n| {
         let p = BusProducer::try_from(*n).ok()?;
         let settings = json_object(
-            producer_settings(p).into_iter().map(|(k, v)| (k.to_string(), json_string(v))),
+            producer_settings(p)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), json_string(v))),
         );
         let entry = format!(
             "{{\"librdkafka\": {settings}, \"reason\": {}}}",
@@ -251,10 +279,18 @@ mod tests {
     fn every_topic_header_and_producer_is_declared() {
         let names: Vec<&str> = topics().map(|(_, s)| s.name.as_str()).collect();
         assert_eq!(names.len(), 7, "{names:?}");
-        assert!(names.iter().all(|n| n.starts_with("cgloop.") && n.ends_with(".v1")), "{names:?}");
+        assert!(
+            names
+                .iter()
+                .all(|n| n.starts_with("cgloop.") && n.ends_with(".v1")),
+            "{names:?}"
+        );
         for (t, spec) in topics() {
             assert!(spec.batch_type.starts_with("cgloop.v1."), "{t:?}: {spec:?}");
-            assert!(spec.partitions >= 1 && spec.retention_hours >= 1, "{t:?}: {spec:?}");
+            assert!(
+                spec.partitions >= 1 && spec.retention_hours >= 1,
+                "{t:?}: {spec:?}"
+            );
         }
         assert_eq!(header(BusHeader::Type), "cgloop-type");
         assert_eq!(header(BusHeader::SchemaVersion), "cgloop-schema-version");
@@ -268,10 +304,18 @@ mod tests {
             .file
             .iter()
             .filter(|f| f.package == "cgloop.v1")
-            .flat_map(|f| f.message_type.iter().map(|m| format!("cgloop.v1.{}", m.name)))
+            .flat_map(|f| {
+                f.message_type
+                    .iter()
+                    .map(|m| format!("cgloop.v1.{}", m.name))
+            })
             .collect();
         for (t, spec) in topics() {
-            assert!(declared.contains(&spec.batch_type), "{t:?}: {}", spec.batch_type);
+            assert!(
+                declared.contains(&spec.batch_type),
+                "{t:?}: {}",
+                spec.batch_type
+            );
         }
     }
 
@@ -286,19 +330,33 @@ mod tests {
             let s = producer_settings(p);
             assert_eq!(s.get("enable.idempotence"), Some(&"true"), "{p:?}");
             assert_eq!(s.get("acks"), Some(&"all"), "{p:?}");
-            let own = TABLE.producers.get(&(p as i32)).map_or(0, |d| d.librdkafka.len());
-            assert!(own == 0 || !producer_reason(p).is_empty(), "{p:?} differs without a reason");
+            let own = TABLE
+                .producers
+                .get(&(p as i32))
+                .map_or(0, |d| d.librdkafka.len());
+            assert!(
+                own == 0 || !producer_reason(p).is_empty(),
+                "{p:?} differs without a reason"
+            );
         }
-        assert_eq!(producer_settings(BusProducer::NodeAgent).get("linger.ms"), Some(&"0"));
-        assert_eq!(producer_settings(BusProducer::FlowProbe).get("linger.ms"), Some(&"5"));
+        assert_eq!(
+            producer_settings(BusProducer::NodeAgent).get("linger.ms"),
+            Some(&"0")
+        );
+        assert_eq!(
+            producer_settings(BusProducer::FlowProbe).get("linger.ms"),
+            Some(&"5")
+        );
     }
 
     #[test]
     fn declared_settings_come_last_in_the_properties() {
         let security = KafkaSecurity::default();
         let props = producer_properties(BusProducer::IntCollector, "b:9092", "x", &security);
-        let last: BTreeMap<&str, &str> =
-            props.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let last: BTreeMap<&str, &str> = props
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         for (k, v) in producer_settings(BusProducer::IntCollector) {
             assert_eq!(last.get(k), Some(&v), "{k}");
         }
@@ -316,7 +374,10 @@ mod tests {
     fn table_json_names_every_topic() {
         let json = table_json();
         for (t, spec) in topics() {
-            assert!(json.contains(t.as_str_name()) && json.contains(&spec.name), "{json}");
+            assert!(
+                json.contains(t.as_str_name()) && json.contains(&spec.name),
+                "{json}"
+            );
         }
         assert_eq!(json_string("a\"b\\\n"), "\"a\\\"b\\\\\\u000a\"");
     }

@@ -1,8 +1,11 @@
 //! Kafka export: record batches from the workers become `cgloop.v1.IntRecordBatch` messages on
-//! `cgloop.int.v1`, keyed by a bucket of the inner five-tuple (or switch id for queue
+//! the INT topic (`BusTopic::Int` in proto/cgloop/v1/bus.proto, with the producer settings
+//! declared there), keyed by a bucket of the inner five-tuple (or switch id for queue
 //! records), so one flow's records stay on one partition in order.
 
 use anyhow::{Context, Result};
+use cgloop_proto::bus::{self, BusProducer, BusTopic};
+use cgloop_proto::kafka_security::KafkaSecurity;
 use cgloop_proto::v1::{int_record::Record, IntRecord, IntRecordBatch};
 use prost::Message;
 use rdkafka::config::ClientConfig;
@@ -11,10 +14,16 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-pub const TOPIC: &str = "cgloop.int.v1";
 const BUCKETS: u64 = 64;
-static SCHEMA: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| cgloop_proto::SCHEMA_VERSION.to_string());
+/// Records per Kafka message: a recvmmsg burst can put more than the broker's default 1 MB
+/// message limit into one bucket; at 60-400 B a record (a flow record grows with its hops),
+/// 2000 keep a message under it.
+const MAX_RECORDS_PER_MESSAGE: usize = 2000;
+
+/// The topic the collector produces to unless told otherwise.
+pub fn default_topic() -> &'static str {
+    &bus::topic(BusTopic::Int).name
+}
 
 fn bucket(r: &IntRecord) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
@@ -41,6 +50,18 @@ pub fn group(records: Vec<IntRecord>) -> Vec<(u64, IntRecordBatch)> {
     groups
 }
 
+/// The collector's librdkafka configuration: the declared producer settings and nothing of its
+/// own (its messages are bounded by `MAX_RECORDS_PER_MESSAGE`).
+fn client_config(bootstrap: &str, security: &KafkaSecurity) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    let props =
+        bus::producer_properties(BusProducer::IntCollector, bootstrap, "cgloop-int-collector", security);
+    for (key, value) in props {
+        client.set(key, value);
+    }
+    client
+}
+
 pub struct KafkaSink {
     producer: ThreadedProducer<DefaultProducerContext>,
     topic: String,
@@ -49,49 +70,65 @@ pub struct KafkaSink {
 impl KafkaSink {
     pub fn new(bootstrap: &str, topic: &str) -> Result<Self> {
         // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
-        let security = cgloop_proto::kafka_security::KafkaSecurity::from_env()
-            .context("Kafka security settings")?;
-        let mut client = ClientConfig::new();
-        for (key, value) in security.properties() {
-            client.set(*key, value);
-        }
-        let producer: ThreadedProducer<DefaultProducerContext> = client
-            .set("bootstrap.servers", bootstrap)
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "1000000")
-            .set("message.max.bytes", "4000000")
+        let security = KafkaSecurity::from_env().context("Kafka security settings")?;
+        let producer: ThreadedProducer<DefaultProducerContext> = client_config(bootstrap, &security)
             .create()
             .with_context(|| format!("creating Kafka producer for {bootstrap}"))?;
         Ok(KafkaSink { producer, topic: topic.to_owned() })
     }
 
     pub fn send(&self, records: Vec<IntRecord>) -> Result<()> {
-        for (b, batch) in group(records) {
+        for (b, mut batch) in group(records) {
             let key = format!("int-{b}");
-            let payload = batch.encode_to_vec();
-            // The headers cgloop's consumers check (core/src/cgloop/bus/codec.py).
-            let headers = OwnedHeaders::new()
-                .insert(Header { key: "cgloop-type", value: Some("cgloop.v1.IntRecordBatch") })
-                .insert(Header { key: "cgloop-schema-version", value: Some(SCHEMA.as_str()) });
-            let mut rec = BaseRecord::to(&self.topic).key(&key).payload(&payload).headers(headers);
-            // Full local queue: wait for deliveries instead of losing records.
-            loop {
-                match self.producer.send(rec) {
-                    Ok(()) => break,
-                    Err((e, back)) => {
-                        if !matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::QueueFull)) {
-                            return Err(e).context("producing to Kafka");
-                        }
-                        rec = back;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
+            while !batch.records.is_empty() {
+                let rest = batch.records.split_off(batch.records.len().min(MAX_RECORDS_PER_MESSAGE));
+                self.send_batch(&key, &batch)?;
+                batch.records = rest;
             }
         }
         Ok(())
     }
 
+    fn send_batch(&self, key: &str, batch: &IntRecordBatch) -> Result<()> {
+        let payload = batch.encode_to_vec();
+        // The headers cgloop's consumers check (BusHeader in bus.proto).
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in bus::message_headers(BusTopic::Int) {
+            headers = headers.insert(Header { key, value: Some(value.as_str()) });
+        }
+        let mut rec = BaseRecord::to(&self.topic).key(key).payload(&payload).headers(headers);
+        // Full local queue: wait for deliveries instead of losing records.
+        loop {
+            match self.producer.send(rec) {
+                Ok(()) => return Ok(()),
+                Err((e, back)) => {
+                    if !matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::QueueFull)) {
+                        return Err(e).context("producing to Kafka");
+                    }
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+
     pub fn flush(&self) -> Result<()> {
         self.producer.flush(Duration::from_secs(30)).context("flushing Kafka producer")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_producer_runs_with_the_declared_settings() {
+        let client = client_config("broker:9092", &KafkaSecurity::default());
+        let declared = bus::producer_settings(BusProducer::IntCollector);
+        assert!(declared.contains_key("enable.idempotence"), "{declared:?}");
+        for (key, value) in declared {
+            assert_eq!(client.get(key), Some(value), "{key}");
+        }
+        assert_eq!(client.get("bootstrap.servers"), Some("broker:9092"));
     }
 }

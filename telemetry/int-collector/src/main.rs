@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use cgloop_int_collector::bench;
-use cgloop_int_collector::export::{KafkaSink, TOPIC};
+use cgloop_int_collector::export::{default_topic, KafkaSink};
 use cgloop_int_collector::gen::{Episode, GenConfig, Generator, Mode};
 use cgloop_int_collector::parse::inner::DEFAULT_INT_UDP_PORT;
 use cgloop_int_collector::parse::{Format, IntDetect};
@@ -54,7 +54,7 @@ struct RunArgs {
     /// Kafka bootstrap servers; without it records are counted and discarded.
     #[arg(long)]
     kafka: Option<String>,
-    #[arg(long, default_value = TOPIC)]
+    #[arg(long, default_value = default_topic())]
     topic: String,
     #[arg(long, default_value = "int-collector-1")]
     source_id: String,
