@@ -30,7 +30,7 @@ from cgloop.lab.scenario import Scenario  # noqa: E402
 from cgloop.lab.topology import load_topology  # noqa: E402
 from cgloop.loop.closed_loop import ClosedLoop, LoopOptions  # noqa: E402
 from cgloop.loop.report import build_report  # noqa: E402
-from cgloop.testing import private_settings  # noqa: E402
+from cgloop.testing import data_missing, private_settings  # noqa: E402
 
 SCENARIO = {
     "duration": 30,
@@ -42,6 +42,19 @@ SCENARIO = {
         {"kind": "congestion", "at": 5, "duration": 8, "flows": 4},
         {"kind": "ect1_abuse", "at": 20, "duration": 8, "rate_mbit": 60},
     ],
+}
+
+# The verdict each fault's first action must end with (docs/loop.md, "What a run looks like").
+# Where the loop acts, the repair is verified by the probes of the queue it concerns: anything
+# but "improved" (not_checked: no probes read; no_effect: the queue stayed slow) is a failure.
+# Documented exceptions are listed, not tolerated silently: a rate cap below the gaming demand
+# is beyond moving flows between queues, and the engine must roll the move back; 8 % loss does
+# not affect the gaming flow enough for any action (its verdict is None).
+EXPECTED_VERDICT = {
+    "congestion": "verified (improved)",  # gaming flow moved to 1:20
+    "ect1_abuse": "verified (improved)",  # abuser demoted to 1:30, or the gaming flow moved
+    "rate_cap": "rolled_back (worse)",
+    "loss": None,
 }
 
 # Panels with no source in the lab: it has no INT switch, and no component produces node
@@ -79,7 +92,7 @@ def loop_stack(tmp_path_factory: pytest.TempPathFactory):
 def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     model = Settings().state_dir / "analytics" / "flow-classifier.skops"
     if not model.is_file():
-        pytest.skip(f"no trained classifier at {model} (make setup trains it from ../shared/data)")
+        data_missing(f"no trained classifier at {model}: make setup trains it from the data")
     lab = Lab(load_topology(name=f"cgl-e2e-{os.getpid()}"), state_dir=tmp_path / "lab")
     scenario = Scenario.model_validate(SCENARIO)
     options = LoopOptions()
@@ -123,9 +136,10 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     for f in report.faults:
         context = f.model_dump_json(indent=1)
         assert f.detection_ns is not None, f"no detection: {context}"
-        assert f.decision_ns is not None and f.applied_ns is not None, f"no action: {context}"
-        assert f.verdict and f.verdict.startswith("verified"), f"not verified: {context}"
-        assert f.onset_ns <= f.applied_ns <= f.end_ns, context
+        assert f.verdict == EXPECTED_VERDICT[f.kind], f"{f.verdict!r}: {context}"
+        if EXPECTED_VERDICT[f.kind] is not None:
+            assert f.decision_ns is not None and f.applied_ns is not None, f"no action: {context}"
+            assert f.onset_ns <= f.applied_ns <= f.end_ns, context
     # the repair shows in the ground truth: the gaming flow is back under its SLO before the
     # congestion is over (the queue the bulk flows built stays; the gaming flow left it)
     congestion, abuse = report.faults

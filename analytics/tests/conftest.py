@@ -6,14 +6,16 @@ from pathlib import Path
 
 import pytest
 from cgloop.analytics.datasets import default_data_root
+from cgloop.testing import data_missing
 
 DATA = default_data_root()
 
 
 def need_data(*parts: str) -> Path:
+    """`parts` under the data folder; skips where it is absent, fails in CI (data_missing)."""
     path = DATA.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"real data not present: {path}")
+        data_missing(f"real data not present: {path}")
     return path
 
 

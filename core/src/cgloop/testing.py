@@ -137,3 +137,20 @@ def kafka_answer(ask: Callable[[], T], timeout_s: float = 60) -> T:
             if not (err.code() in transient or err.retriable()) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def in_ci() -> bool:
+    """CI sets CI=true (.ci/run): there, what a test needs must be there."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def data_missing(what: str) -> None:
+    """A test's data (the lab's shared data folder, the classifier trained from it) is absent:
+    a developer's machine may lack it and the test skips, saying why; in CI it must be there,
+    so the test fails with the same message instead of passing as "skipped"."""
+    import pytest
+
+    message = f"{what} (the lab's data folder, ../shared/data beside the checkout)"
+    if in_ci():
+        pytest.fail(f"CI=true and {message} is missing: CI must run this test", pytrace=False)
+    pytest.skip(message)
