@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use cgloop_proto::bus::{self, BusTopic};
 use serde::Deserialize;
 
 /// Limits that no request may exceed, whoever sends it (the policy engine can be wrong).
@@ -155,13 +156,13 @@ impl Default for Config {
             journal_sync_ack: false,
             power: PowerSettings::default(),
             kafka_bootstrap: String::new(),
-            probe_topic: "cgloop.probes.v1".into(),
+            probe_topic: bus::topic(BusTopic::Probes).name.clone(),
             probe_export_delay_ms: 10,
             advanced_port: "cglxdp0".into(),
             advanced_busy_poll_us: 200,
             advanced_rt_priority: 10,
             node_sample_interval_ms: 1000,
-            node_topic: "cgloop.nodes.v1".into(),
+            node_topic: bus::topic(BusTopic::Nodes).name.clone(),
         }
     }
 }

@@ -1,47 +1,47 @@
-//! Probe records to Kafka: batches of `ProbeRecord` (a `ProbeRecordBatch` per message) on
-//! `cgloop.probes.v1`, keyed by probe id, with the cgloop type and schema headers
-//! (core/src/cgloop/bus/codec.py decodes them).
+//! Probe records to Kafka: batches of `ProbeRecord` (a `ProbeRecordBatch` per message) on the
+//! probes topic, keyed by probe id, with the cgloop type and schema headers. Topic, headers and
+//! producer settings are the bus table's (proto/cgloop/v1/bus.proto, `BUS_PRODUCER_NODE_AGENT`).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use cgloop_proto::bus::{self, BusProducer, BusTopic};
+use cgloop_proto::kafka_security::KafkaSecurity;
 use cgloop_proto::v1::{ProbeRecord, ProbeRecordBatch};
 use prost::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-const TYPE_HEADER: &str = "cgloop-type";
-const SCHEMA_HEADER: &str = "cgloop-schema-version";
 const MAX_BATCH: usize = 500;
+
+/// The agent's librdkafka configuration: the declared settings (linger 0: it batches itself,
+/// see bus.proto) and nothing of its own.
+fn client_config(bootstrap: &str, client_id: &str, security: &KafkaSecurity) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in bus::producer_properties(BusProducer::NodeAgent, bootstrap, client_id, security) {
+        client.set(key, value);
+    }
+    client
+}
 
 /// The agent's Kafka producer: it sends what it is given at once (callers batch).
 pub fn producer(bootstrap: &str, client_id: &str) -> Result<BaseProducer> {
     // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
-    let security = cgloop_proto::kafka_security::KafkaSecurity::from_env()
-        .context("Kafka security settings")?;
-    let mut client = ClientConfig::new();
-    for (key, value) in security.properties() {
-        client.set(*key, value);
-    }
-    client
-        .set("bootstrap.servers", bootstrap)
-        .set("client.id", client_id)
-        .set("linger.ms", "0")
+    let security = KafkaSecurity::from_env().context("Kafka security settings")?;
+    client_config(bootstrap, client_id, &security)
         .create()
         .with_context(|| format!("creating the Kafka producer {client_id} for {bootstrap}"))
 }
 
-/// The cgloop type and schema headers every message carries (`type_name` is the batch's
-/// full protobuf name, e.g. `cgloop.v1.ProbeRecordBatch`).
-pub fn headers(type_name: &str) -> OwnedHeaders {
-    OwnedHeaders::new()
-        .insert(Header { key: TYPE_HEADER, value: Some(type_name) })
-        .insert(Header {
-            key: SCHEMA_HEADER,
-            value: Some(cgloop_proto::SCHEMA_VERSION.to_string().as_str()),
-        })
+/// The cgloop type and schema headers every message on `topic` carries.
+pub fn headers(topic: BusTopic) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new();
+    for (key, value) in bus::message_headers(topic) {
+        headers = headers.insert(Header { key, value: Some(value.as_str()) });
+    }
+    headers
 }
 
 /// Starts the exporter thread; the returned sender is the probes' record sink. A record waits
@@ -100,9 +100,37 @@ fn send(producer: &BaseProducer, topic: &str, pending: &mut Vec<ProbeRecord>) {
         let record = BaseRecord::to(topic)
             .key(probe_id.as_str())
             .payload(&payload)
-            .headers(headers("cgloop.v1.ProbeRecordBatch"));
+            .headers(headers(BusTopic::Probes));
         if let Err((e, _)) = producer.send(record) {
             tracing::warn!("probe records of {probe_id} not queued for Kafka: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_producer_runs_with_the_declared_settings() {
+        let client = client_config("broker:9092", "node-1", &KafkaSecurity::default());
+        let declared = bus::producer_settings(BusProducer::NodeAgent);
+        assert_eq!(declared.get("enable.idempotence"), Some(&"true"));
+        for (key, value) in declared {
+            assert_eq!(client.get(key), Some(value), "{key}");
+        }
+        assert_eq!(client.get("client.id"), Some("node-1"));
+    }
+
+    #[test]
+    fn messages_carry_the_declared_headers() {
+        use rdkafka::message::Headers;
+        let h = headers(BusTopic::Nodes);
+        let got: Vec<(&str, Option<&[u8]>)> = h.iter().map(|h| (h.key, h.value)).collect();
+        let want = bus::message_headers(BusTopic::Nodes);
+        assert_eq!(got.len(), want.len());
+        for ((k, v), (wk, wv)) in got.iter().zip(&want) {
+            assert_eq!((*k, *v), (*wk, Some(wv.as_bytes())));
         }
     }
 }

@@ -149,7 +149,7 @@ pub fn start(
                 let record = BaseRecord::to(&topic)
                     .key(node_id.as_str())
                     .payload(&payload)
-                    .headers(crate::export::headers("cgloop.v1.NodeSampleBatch"));
+                    .headers(crate::export::headers(cgloop_proto::bus::BusTopic::Nodes));
                 if let Err((e, _)) = producer.send(record) {
                     tracing::warn!("node sample {seq} not queued for Kafka: {e}");
                 }
