@@ -22,3 +22,6 @@ pub mod reflect;
 pub mod service;
 pub mod tc;
 pub mod tls;
+
+#[cfg(test)]
+mod classify_tests;
