@@ -1,4 +1,5 @@
-//! Producing flow-record batches to `cgloop.flows.v1`.
+//! Producing flow-record batches to the flows topic (`BusTopic::Flows` in
+//! proto/cgloop/v1/bus.proto, with the settings declared there for `BUS_PRODUCER_FLOW_PROBE`).
 //!
 //! Records are grouped by five-tuple hash into `KEY_BUCKETS` batches per sweep, each keyed by its
 //! bucket, so one flow always lands on one partition (per-flow order kept) while a sweep still
@@ -9,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use cgloop_proto::bus::{self, BusProducer, BusTopic};
+use cgloop_proto::kafka_security::KafkaSecurity;
 use cgloop_proto::v1::{FlowRecord, FlowRecordBatch};
 use prost::Message;
 use rdkafka::config::ClientConfig;
@@ -19,7 +22,6 @@ use rdkafka::ClientContext;
 
 use crate::sweep::five_tuple_hash_of_record;
 
-pub const TOPIC: &str = "cgloop.flows.v1";
 const KEY_BUCKETS: u64 = 64;
 /// Records per Kafka message: ~200 B each keeps messages well under the 1 MB default limit.
 const MAX_RECORDS_PER_MESSAGE: usize = 2000;
@@ -74,31 +76,34 @@ pub struct KafkaConfig {
     pub message_timeout: Duration,
 }
 
+/// The probe's librdkafka configuration: the declared producer settings, then only what is the
+/// probe's own at run time (its buffer budget and delivery timeout).
+fn client_config(cfg: &KafkaConfig, security: &KafkaSecurity) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in
+        bus::producer_properties(BusProducer::FlowProbe, &cfg.bootstrap, "cgloop-probe", security)
+    {
+        client.set(key, value);
+    }
+    client
+        .set(
+            "queue.buffering.max.kbytes",
+            (cfg.buffer_bytes / 1024).max(1).to_string(),
+        )
+        .set(
+            "message.timeout.ms",
+            cfg.message_timeout.as_millis().to_string(),
+        )
+        .set("log.connection.close", "false");
+    client
+}
+
 impl FlowProducer {
     pub fn new(cfg: &KafkaConfig) -> Result<Self> {
         let stats = Arc::new(KafkaStats::default());
         // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
-        let security = cgloop_proto::kafka_security::KafkaSecurity::from_env()
-            .context("Kafka security settings")?;
-        let mut client = ClientConfig::new();
-        for (key, value) in security.properties() {
-            client.set(*key, value);
-        }
-        let producer = client
-            .set("bootstrap.servers", &cfg.bootstrap)
-            .set("client.id", "cgloop-probe")
-            .set("compression.type", "lz4")
-            .set("linger.ms", "5")
-            .set(
-                "queue.buffering.max.kbytes",
-                (cfg.buffer_bytes / 1024).max(1).to_string(),
-            )
-            .set("queue.buffering.max.messages", "1000000")
-            .set(
-                "message.timeout.ms",
-                cfg.message_timeout.as_millis().to_string(),
-            )
-            .set("log.connection.close", "false")
+        let security = KafkaSecurity::from_env().context("Kafka security settings")?;
+        let producer = client_config(cfg, &security)
             .create_with_context(Context_ {
                 stats: stats.clone(),
             })
@@ -130,16 +135,11 @@ impl FlowProducer {
     fn send_batch(&self, key: &str, batch: FlowRecordBatch) {
         let n = batch.records.len();
         let payload = batch.encode_to_vec();
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "cgloop-type",
-                value: Some("cgloop.v1.FlowRecordBatch"),
-            })
-            .insert(Header {
-                key: "cgloop-schema-version",
-                value: Some(&cgloop_proto::SCHEMA_VERSION.to_string()),
-            });
-        let record = BaseRecord::with_opaque_to(TOPIC, Box::new(n))
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in bus::message_headers(BusTopic::Flows) {
+            headers = headers.insert(Header { key, value: Some(value.as_str()) });
+        }
+        let record = BaseRecord::with_opaque_to(&bus::topic(BusTopic::Flows).name, Box::new(n))
             .key(key)
             .payload(&payload)
             .headers(headers);
@@ -168,5 +168,26 @@ impl FlowProducer {
         self.producer
             .flush(timeout)
             .context("flushing flow records to Kafka")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_producer_runs_with_the_declared_settings() {
+        let cfg = KafkaConfig {
+            bootstrap: "broker:9092".into(),
+            buffer_bytes: 64 << 20,
+            message_timeout: Duration::from_secs(7),
+        };
+        let client = client_config(&cfg, &KafkaSecurity::default());
+        let declared = bus::producer_settings(BusProducer::FlowProbe);
+        assert!(declared.contains_key("enable.idempotence"), "{declared:?}");
+        for (key, value) in declared {
+            assert_eq!(client.get(key), Some(value), "{key}");
+        }
+        assert_eq!(client.get("message.timeout.ms"), Some("7000"));
     }
 }
