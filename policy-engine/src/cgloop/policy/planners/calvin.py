@@ -1,6 +1,6 @@
 """CALVIN placement: where each function of a chain runs, and whether the chain fits its budget.
 
-Xiang et al., CALVIN (seeds/001 §III-B, thesis seeds/000 ch. 3):
+Xiang et al., CALVIN (§III-B; Xiang's thesis ch. 3):
 * elementary functions (receive/forward) and basic ones (header-only, bounded loops, low
   compute, no special runtime: router, NAT, load balancer, stateless packet filter) run in the
   kernel with XDP/eBPF;
@@ -11,6 +11,16 @@ Xiang et al., CALVIN (seeds/001 §III-B, thesis seeds/000 ch. 3):
   measured forwarding RTT of the chain plus a 0.01 ms safety margin, 20 us per advanced function.
   `LatencyLedger` admits a chain only when its base RTT, the sum of its advanced functions and
   the margin fit the edge budget and every advanced function fits its own budget.
+
+Which functions: the planner places the functions the node agent can run, as the chain
+catalogue declares them (`cgloop.v1.ChainFunction.function`, read through
+`planners.catalogue`): each function's CALVIN kind is its declared `FunctionTraits.kind`, not a
+second table here. The paper's examples the agent does not implement (NAT, network coding,
+encryption, compression) are not offered under their names; their CALVIN classes map onto the
+functions that exist: a stateless packet filter is `acl` (basic, in BPF), header rewriting is
+`mark` (basic), policing is `rate_limit` (basic), and payload work is `dpi` (advanced, in user
+space, the one advanced function with an implementation). A chain names the catalogue's
+functions with typed parameters; the agent runs exactly what was planned.
 """
 
 from __future__ import annotations
@@ -19,49 +29,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from cgloop.policy.planners import catalogue
+from cgloop.v1 import node_agent_pb2 as na
+
 
 class FunctionKind(IntEnum):
-    """Same numbers as cgloop.v1.FunctionKind."""
+    """cgloop.v1.FunctionKind."""
 
-    ELEMENTARY = 1
-    BASIC = 2
-    ADVANCED = 3
-
-
-@dataclass(frozen=True)
-class FunctionTraits:
-    """What CALVIN's classification looks at (§III-B)."""
-
-    name: str
-    header_work: bool = True  # reads or rewrites headers (False: forward only)
-    payload_work: bool = False
-    unbounded_loops: bool = False  # iterative work the BPF verifier would refuse
-    heavy_compute: bool = False  # needs SIMD, hugepages, prefetching to stay fast
-    user_runtime: bool = False  # needs a library/runtime absent from the kernel (e.g. C++ Kodo)
+    ELEMENTARY = na.FUNCTION_KIND_ELEMENTARY
+    BASIC = na.FUNCTION_KIND_BASIC
+    ADVANCED = na.FUNCTION_KIND_ADVANCED
 
 
-# The paper's examples (§III-B), usable by name in chain requests.
-KNOWN_FUNCTIONS: dict[str, FunctionTraits] = {
-    "forward": FunctionTraits("forward", header_work=False),
-    "router": FunctionTraits("router"),
-    "load_balancer": FunctionTraits("load_balancer"),
-    "nat": FunctionTraits("nat"),
-    "packet_filter": FunctionTraits("packet_filter"),
-    "firewall": FunctionTraits("firewall"),
-    "encryption": FunctionTraits("encryption", payload_work=True, heavy_compute=True),
-    "compression": FunctionTraits("compression", payload_work=True, unbounded_loops=True),
-    "network_coding": FunctionTraits(
-        "network_coding", payload_work=True, heavy_compute=True, user_runtime=True
-    ),
-}
+# The functions a chain may name (the catalogue's), for validators listing them.
+KNOWN_FUNCTIONS: dict[str, catalogue.Function] = catalogue.FUNCTIONS
 
 
-def classify(traits: FunctionTraits) -> FunctionKind:
-    if traits.payload_work or traits.unbounded_loops or traits.heavy_compute or traits.user_runtime:
-        return FunctionKind.ADVANCED
-    if not traits.header_work:
-        return FunctionKind.ELEMENTARY
-    return FunctionKind.BASIC
+class AdmissionRefused(ValueError):
+    """CALVIN admission control refused a chain; `reasons` says why."""
+
+    def __init__(self, chain_id: str, reasons: list[str]) -> None:
+        super().__init__(f"CALVIN admission refused chain {chain_id!r}: " + "; ".join(reasons))
+        self.reasons = reasons
 
 
 def runs_in(kind: FunctionKind) -> str:
@@ -78,9 +67,14 @@ class Budget:
 
 @dataclass(frozen=True)
 class ChainFunctionRequest:
-    traits: FunctionTraits
+    # A catalogue function with its typed parameters (kind and core are set by the placement).
+    function: na.ChainFunction
     # Expected per-packet processing time; required for advanced functions.
     processing_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return catalogue.name_of(self.function)
 
 
 @dataclass(frozen=True)
@@ -95,10 +89,14 @@ class ChainRequest:
 
 @dataclass(frozen=True)
 class PlacedFunction:
-    name: str
+    function: na.ChainFunction
     kind: FunctionKind
     runs_in: str
     core: int | None  # advanced functions get a core of their own
+
+    @property
+    def name(self) -> str:
+        return catalogue.name_of(self.function)
 
 
 @dataclass
@@ -110,6 +108,16 @@ class Placement:
     expected_latency_s: float
     reasons: list[str] = field(default_factory=list)
 
+    def chain(self) -> na.ServiceChain:
+        """The placed chain as the node agent takes it: kinds and cores set."""
+        out = na.ServiceChain(chain_id=self.chain_id, traffic_class=self.traffic_class)
+        for f in self.functions:
+            fn = out.functions.add()
+            fn.CopyFrom(f.function)
+            fn.kind = int(f.kind)
+            fn.core = f.core or 0
+        return out
+
 
 @dataclass
 class LatencyLedger:
@@ -120,27 +128,35 @@ class LatencyLedger:
     admitted: dict[str, Placement] = field(default_factory=dict)
 
     def place(self, request: ChainRequest) -> Placement:
+        """Places a chain; a function outside the catalogue, or parameters outside their
+        declared values, raise catalogue.CatalogueError (the agent would refuse them)."""
         reasons: list[str] = []
         placed: list[PlacedFunction] = []
         cores = list(self.free_cores)
         latency = request.base_rtt_s
+        bare = na.ServiceChain(chain_id=request.chain_id, traffic_class=request.traffic_class)
         for fn in request.functions:
-            kind = classify(fn.traits)
+            f = bare.functions.add()
+            f.CopyFrom(fn.function)
+            f.ClearField("kind")  # the catalogue's kind is the placement
+        catalogue.check_chain(bare)
+        for fn in request.functions:
+            kind = FunctionKind(catalogue.FUNCTIONS[fn.name].kind)
             core = None
             if kind is FunctionKind.ADVANCED:
                 if fn.processing_s <= 0:
-                    reasons.append(f"{fn.traits.name}: advanced function needs processing_s")
+                    reasons.append(f"{fn.name}: advanced function needs processing_s")
                 elif fn.processing_s > self.budget.advanced_function_s:
                     reasons.append(
-                        f"{fn.traits.name}: {fn.processing_s * 1e6:.1f} us exceeds the "
+                        f"{fn.name}: {fn.processing_s * 1e6:.1f} us exceeds the "
                         f"{self.budget.advanced_function_s * 1e6:.0f} us advanced-function budget"
                     )
                 if cores:
                     core = cores.pop(0)
                 else:
-                    reasons.append(f"{fn.traits.name}: no free core for an advanced function")
+                    reasons.append(f"{fn.name}: no free core for an advanced function")
             latency += fn.processing_s
-            placed.append(PlacedFunction(fn.traits.name, kind, runs_in(kind), core))
+            placed.append(PlacedFunction(fn.function, kind, runs_in(kind), core))
         if latency + self.budget.safety_margin_s > self.budget.edge_s:
             reasons.append(
                 f"chain latency {latency * 1e3:.3f} ms + margin "
@@ -167,3 +183,35 @@ def place_chain(
 ) -> Placement:
     """One-shot placement (a fresh ledger)."""
     return LatencyLedger(list(free_cores), budget or Budget()).place(request)
+
+
+def place_service_chain(
+    functions: Sequence[na.ChainFunction],
+    *,
+    chain_id: str,
+    traffic_class: str,
+    base_rtt_s: float,
+    free_cores: Sequence[int],
+    processing_s: Sequence[float] | None = None,
+    budget: Budget | None = None,
+) -> na.ServiceChain:
+    """The CALVIN-placed chain for the node agent's SetChain: each function's kind (the
+    catalogue's) and core (one free core per advanced function) set.
+
+    `processing_s` is each function's expected per-packet time, in order (needed for advanced
+    functions). Raises catalogue.CatalogueError for a chain the agent would refuse and
+    AdmissionRefused when the chain does not fit the budget or the free cores.
+    """
+    times = list(processing_s) if processing_s is not None else [0.0] * len(functions)
+    if len(times) != len(functions):
+        raise ValueError(f"processing_s has {len(times)} entries for {len(functions)} functions")
+    request = ChainRequest(
+        chain_id,
+        traffic_class,
+        tuple(ChainFunctionRequest(f, t) for f, t in zip(functions, times, strict=True)),
+        base_rtt_s,
+    )
+    placement = place_chain(request, free_cores, budget)
+    if not placement.admitted:
+        raise AdmissionRefused(chain_id, placement.reasons)
+    return placement.chain()
