@@ -10,9 +10,10 @@
 
 use std::io::BufRead;
 use std::net::Ipv4Addr;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use cgloop_proto::host::now_ns;
 use cgloop_proto::v1::node_agent_service_client::NodeAgentServiceClient;
 use cgloop_proto::v1::{FiveTuple, FlowClassRule, SetFlowClassRequest};
 use hyper_util::rt::TokioIo;
@@ -33,10 +34,6 @@ async fn connect(socket: String, tls_dir: &str) -> Result<NodeAgentServiceClient
         .await
         .context("connecting to the agent")?;
     Ok(NodeAgentServiceClient::new(channel))
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 fn arg<T: std::str::FromStr>(it: &mut std::str::SplitWhitespace<'_>, what: &str) -> Result<T> {

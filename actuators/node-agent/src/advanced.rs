@@ -24,6 +24,7 @@ use libbpf_rs::MapCore;
 
 use crate::afxdp::Xsk;
 use crate::datapath::Datapath;
+use crate::netif::ifindex;
 use crate::payload::{Counters, PayloadFn, Verdict};
 use crate::tc::Rtnl;
 
@@ -98,13 +99,13 @@ impl Advanced {
     pub fn start(dp: &Datapath, port_name: &str, busy_poll_us: u64, rt_priority: u32) -> Result<Self> {
         let peer_name = format!("{port_name}p");
         let mut rtnl = Rtnl::open().context("rtnetlink")?;
-        if let Ok(old) = crate::agent::ifindex(port_name) {
+        if let Ok(old) = ifindex(port_name) {
             // A port left by an earlier agent: start clean.
             let _ = rtnl.delete_link(old);
         }
         rtnl.create_veth(port_name, &peer_name)?;
-        let port = crate::agent::ifindex(port_name).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let peer = crate::agent::ifindex(&peer_name).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let port = ifindex(port_name).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let peer = ifindex(&peer_name).map_err(|e| anyhow::anyhow!("{e}"))?;
         rtnl.set_up(port)?;
         rtnl.set_up(peer)?;
         dp.attach_adv_port(port, peer)?;

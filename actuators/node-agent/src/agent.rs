@@ -7,16 +7,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use cgloop_proto::host::now_ns;
 use cgloop_proto::v1::*;
 use prost::Message;
 use tokio::sync::watch;
 
 use crate::bounds::Guard;
-use crate::chains::{self, Interfaces};
+use crate::chains;
 use crate::config::Config;
 use crate::datapath::{self, Datapath, FlowKey, FlowRule, KEEP};
 use crate::error::{AgentError, AgentResult};
 use crate::journal::{ActionLog, GroupCommit, Journal, Replay, Snapshot};
+use crate::netif::{ifindex, ifname, Ifs};
 use crate::power_glue::Power;
 use crate::probes::Probes;
 use crate::queues;
@@ -89,46 +91,6 @@ pub struct Agent {
 struct Applied {
     changed: bool,
     message: String,
-}
-
-pub fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-struct Ifs;
-
-impl Interfaces for Ifs {
-    fn ifindex(&self, name: &str) -> AgentResult<u32> {
-        ifindex(name)
-    }
-    fn name(&self, ifindex: u32) -> String {
-        ifname(ifindex)
-    }
-}
-
-pub fn ifindex(name: &str) -> AgentResult<u32> {
-    let c = std::ffi::CString::new(name)
-        .map_err(|_| AgentError::Invalid(format!("interface name {name:?} contains NUL")))?;
-    // SAFETY: c is a valid NUL-terminated string.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        return Err(AgentError::NotFound(format!("no interface named {name:?} on this node")));
-    }
-    Ok(idx)
-}
-
-pub fn ifname(ifindex: u32) -> String {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: buf has IF_NAMESIZE bytes as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return format!("ifindex{ifindex}");
-    }
-    // SAFETY: on success buf holds a NUL-terminated name.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
 }
 
 fn kernel<E: Into<anyhow::Error>>(what: &str) -> impl FnOnce(E) -> AgentError + '_ {

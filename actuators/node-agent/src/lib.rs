@@ -1,27 +1,33 @@
 //! cgloop's node agent: the loop's hand on one node (queues, P-states, chains, probes).
 //!
 //! Modules are named after what they do; `power` is the cpufreq backend and the X-MAN micro loop.
-pub mod power;
+//! Public: what the binary (src/main.rs) wires together and the types its API carries (error),
+//! plus five modules whose test-only constructors and accessors (Guard::with_cpus,
+//! GroupCommit::durable, power's readers …) would read as dead code from a private module.
+//! Private: the datapath and its helpers, reached only through `agent`.
+pub mod agent;
+pub mod config;
+pub mod error;
+pub mod export;
+pub mod nodes;
+pub mod power_glue;
+pub mod probes;
+pub mod reflect;
+pub mod service;
+pub mod tls;
 
 pub mod advanced;
 pub mod afxdp;
-pub mod agent;
 pub mod bounds;
-pub mod chains;
-pub mod config;
-pub mod datapath;
-pub mod error;
-pub mod export;
 pub mod journal;
-pub mod nodes;
-pub mod payload;
-pub mod power_glue;
-pub mod probes;
-pub mod queues;
-pub mod reflect;
-pub mod service;
-pub mod tc;
-pub mod tls;
+pub mod power;
+
+mod chains;
+mod datapath;
+mod netif;
+mod payload;
+mod queues;
+mod tc;
 
 #[cfg(test)]
 mod classify_tests;

@@ -6,7 +6,7 @@
 //! `functions[].packets` (analytics/src/cgloop/analytics/detectors/overload.py).
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cgloop_proto::v1::{CoreSample, FunctionCounters, NodeSample, NodeSampleBatch, NodeState, RecordHeader};
@@ -82,7 +82,7 @@ pub fn sample(
     power_cores: &[CoreSample],
     state: &NodeState,
 ) -> NodeSample {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let now = cgloop_proto::host::now_ns();
     let cores = util
         .iter()
         .map(|(&core, &u)| {

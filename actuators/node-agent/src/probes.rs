@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cgloop_proto::host::now_ns;
 use cgloop_proto::v1::{
     LatencySummary, ProbeMethod, ProbeRecord, ProbeSpec, ProbeStatus, RecordHeader,
 };
 use rand::RngExt;
 
-use crate::agent::now_ns;
 use crate::config::Bounds;
 use crate::error::{AgentError, AgentResult};
 use crate::reflect::{self, HEADER_BYTES};

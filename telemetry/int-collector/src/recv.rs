@@ -17,7 +17,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use cgloop_proto::host::now_ns;
 
 /// Datagrams per recvmmsg(2) call. 256 amortises the syscall and the socket lock over more
 /// datagrams than the former 64 (bench/int-collector: measured side by side); buffers are
@@ -271,10 +273,6 @@ impl Stats {
             })
         );
     }
-}
-
-pub fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// One worker accepting reports from any source (see [`filtered_worker`]).

@@ -95,15 +95,7 @@ fn preflight(ifaces: &[String]) -> Result<Vec<(String, u32)>> {
     }
     ifaces
         .iter()
-        .map(|name| {
-            let c =
-                CString::new(name.as_str()).with_context(|| format!("interface name {name:?}"))?;
-            let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-            if idx == 0 {
-                bail!("interface {name:?} not found in this network namespace (see `ip link`)");
-            }
-            Ok((name.clone(), idx))
-        })
+        .map(|name| Ok((name.clone(), cgloop_proto::host::ifindex(name)?)))
         .collect()
 }
 
