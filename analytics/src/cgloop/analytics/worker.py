@@ -31,13 +31,13 @@ from pathlib import Path
 from cgloop.analytics.detectors.base import Suppressor, subject_text
 from cgloop.analytics.engine import AnalyticsEngine
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
-from cgloop.bus.topics import ANALYTICS_INPUTS
+from cgloop.bus.topics import ACTIONS, ANALYTICS_INPUTS, DETECTIONS, FLOWS, INT, NODES, PROBES
 from cgloop.v1.detection_pb2 import Detection, DetectionBatch
 
 log = logging.getLogger(__name__)
 
 INPUT_TOPICS = ANALYTICS_INPUTS  # the loop's own actions among them (see AnalyticsEngine)
-OUTPUT_TOPIC = "cgloop.detections.v1"
+OUTPUT_TOPIC = DETECTIONS.name
 STATE_VERSION = 1
 
 
@@ -109,9 +109,9 @@ class Worker:
         ensure_topics(bootstrap)
         self.consumer = BatchConsumer(bootstrap, group_id, topics,
                                       source_id=f"analytics/{group_id}")
-        # detections are latency-critical: no linger
-        self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections",
-                                      **{"linger.ms": 0})
+        # detections are latency-critical: each step flushes them, and a flush sends at once
+        # whatever linger.ms (the bus table's) says
+        self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections")
         self.commit_every_s = commit_every_s
         # Last handled message per topic-partition not yet committed: a commit covers one
         # partition, so every partition's progress is kept (a restart would otherwise replay
@@ -129,17 +129,17 @@ class Worker:
         self._stop = True
 
     def _dispatch(self, topic: str, batch) -> list[Detection]:
-        if topic == "cgloop.actions.v1":
+        if topic == ACTIONS.name:
             return self.engine.on_actions(list(batch.events))
         records = list(batch.records)
         self.stats.records += len(records)
-        if topic == "cgloop.flows.v1":
+        if topic == FLOWS.name:
             return self.engine.on_flows(records)
-        if topic == "cgloop.int.v1":
+        if topic == INT.name:
             return self.engine.on_int(records)
-        if topic == "cgloop.probes.v1":
+        if topic == PROBES.name:
             return self.engine.on_probes(records)
-        if topic == "cgloop.nodes.v1":
+        if topic == NODES.name:
             return self.engine.on_nodes(records)
         return []
 

@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from cgloop.bus import topics
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
 from cgloop.policy.engine import Engine, events_by_key
 from cgloop.v1 import action_pb2 as apb
@@ -27,8 +28,8 @@ from cgloop.v1 import detection_pb2 as dpb
 
 log = logging.getLogger(__name__)
 
-DETECTIONS = "cgloop.detections.v1"
-ACTIONS = "cgloop.actions.v1"
+DETECTIONS = topics.DETECTIONS.name
+ACTIONS = topics.ACTIONS.name
 
 
 def publish(

@@ -192,13 +192,14 @@ class KafkaTelemetryFeed:
 
     def __init__(self, bootstrap: str, store: WindowStore, group_id: str | None = None) -> None:
         from cgloop.bus.kafka import BatchConsumer
+        from cgloop.bus.topics import FLOWS, PROBES
 
         self.store = store
         # A private group: every engine instance needs every record (old ones age out).
         self._consumer = BatchConsumer(
             bootstrap,
             group_id or f"cgloop-policy-telemetry-{uuid.uuid4()}",
-            ["cgloop.probes.v1", "cgloop.flows.v1"],
+            [PROBES.name, FLOWS.name],
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telemetry-feed", daemon=True)
