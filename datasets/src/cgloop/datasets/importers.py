@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cgloop.bus.codec import encode
+from cgloop.bus.topics import ACTIONS, DETECTIONS, FLOWS, INT
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS
 from cgloop.datasets.sink.writer import StoreWriter
@@ -129,7 +130,7 @@ def import_pcaps(client: Client, paths: list[Path], chunk: int = 5000) -> dict[s
     from cgloop.v1.flow_pb2 import FlowRecordBatch
 
     writer = StoreWriter(client)
-    kind = KINDS["cgloop.flows.v1"]
+    kind = KINDS[FLOWS.name]
     total = 0
     for path in paths:
         records = records_from_pcap(path, source_id=f"pcap/{path.name}")
@@ -226,8 +227,8 @@ def loop_demo(client: Client, seed: int = 7) -> dict[str, int]:
                     )
                 )
             )
-    writer.insert(KINDS["cgloop.flows.v1"], [encode(flow_batch)], "demo/flows")
-    writer.insert(KINDS["cgloop.int.v1"], [encode(int_batch)], "demo/int")
+    writer.insert(KINDS[FLOWS.name], [encode(flow_batch)], "demo/flows")
+    writer.insert(KINDS[INT.name], [encode(int_batch)], "demo/int")
 
     detections = detection_pb2.DetectionBatch()
     for i, (ft, platform, _) in enumerate(flows.values()):
@@ -266,7 +267,7 @@ def loop_demo(client: Client, seed: int = 7) -> dict[str, int]:
             flow=flows["B"][0],
         )
     )
-    writer.insert(KINDS["cgloop.detections.v1"], [encode(detections)], "demo/detections")
+    writer.insert(KINDS[DETECTIONS.name], [encode(detections)], "demo/detections")
 
     action_id, refused_id = (
         "00000000-0000-4000-8000-0000000000b1",
@@ -335,7 +336,7 @@ def loop_demo(client: Client, seed: int = 7) -> dict[str, int]:
                 )
             )
         )
-    writer.insert(KINDS["cgloop.actions.v1"], [encode(actions)], "demo/actions")
+    writer.insert(KINDS[ACTIONS.name], [encode(actions)], "demo/actions")
     return {
         "flow_records": len(flow_batch.records),
         "int_flow_records": len(int_batch.records),

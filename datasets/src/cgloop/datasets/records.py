@@ -20,7 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from cgloop.bus.topics import TOPICS, Topic
+from cgloop.bus.topics import (
+    ACTIONS,
+    DEADLETTER,
+    DETECTIONS,
+    FLOWS,
+    INT,
+    NODES,
+    PROBES,
+    TOPICS,
+    Topic,
+)
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 DATABASE = "cgloop"
@@ -91,13 +101,13 @@ class RecordKind:
 KINDS: dict[str, RecordKind] = {
     k.topic: k
     for k in [
-        RecordKind("flow", "cgloop.flows.v1", "flow_ingest"),
-        RecordKind("int", "cgloop.int.v1", "int_ingest"),
-        RecordKind("probe", "cgloop.probes.v1", "probe_ingest"),
-        RecordKind("node", "cgloop.nodes.v1", "node_ingest"),
-        RecordKind("detection", "cgloop.detections.v1", "detection_ingest"),
-        RecordKind("action", "cgloop.actions.v1", "action_ingest"),
-        RecordKind("deadletter", "cgloop.deadletter.v1", "deadletter_ingest"),
+        RecordKind("flow", FLOWS.name, "flow_ingest"),
+        RecordKind("int", INT.name, "int_ingest"),
+        RecordKind("probe", PROBES.name, "probe_ingest"),
+        RecordKind("node", NODES.name, "node_ingest"),
+        RecordKind("detection", DETECTIONS.name, "detection_ingest"),
+        RecordKind("action", ACTIONS.name, "action_ingest"),
+        RecordKind("deadletter", DEADLETTER.name, "deadletter_ingest"),
     ]
 }
 

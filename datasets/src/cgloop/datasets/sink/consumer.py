@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from cgloop.bus.codec import DecodeError, check_headers, decode, decode_payload
 from cgloop.bus.kafka import BatchProducer, ensure_topics, librdkafka_log
-from cgloop.bus.topics import DEADLETTER, TOPICS
+from cgloop.bus.topics import DEADLETTER, FLOWS, INT, TOPICS
 from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 PLANS_TABLE = "cgloop_meta.sink_chunks"
 # High-volume topics are validated by ClickHouse's decoder (and by Python only when it fails).
-FAST_TOPICS = frozenset({"cgloop.flows.v1", "cgloop.int.v1"})
+FAST_TOPICS = frozenset({FLOWS.name, INT.name})
 
 
 class SinkConfig(BaseModel):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from cgloop.bus.topics import FLOWS, INT
 from cgloop.datasets.records import DATABASE, RecordKind, format_schema
 from clickhouse_connect.driver.client import Client
 from google.protobuf.internal.encoder import _VarintBytes
@@ -45,7 +46,7 @@ def arrow_encoder(topic: str) -> Callable[..., bytes | memoryview] | None:
     decoder (cgloop.bus.codec.decode_payload) refuses, raising PayloadError with the index."""
     from cgloop.arrowcodec import flows_to_arrow, int_to_arrow
 
-    return {"cgloop.flows.v1": flows_to_arrow, "cgloop.int.v1": int_to_arrow}.get(topic)
+    return {FLOWS.name: flows_to_arrow, INT.name: int_to_arrow}.get(topic)
 
 
 def frame(kind: RecordKind, payloads: Sequence[bytes]) -> bytes:
