@@ -18,6 +18,7 @@ from cgloop.analytics.records import conversation_key
 from cgloop.analytics.synthetic import PROFILES, Degradation, gaming_records
 from cgloop.analytics.worker import Worker
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
+from cgloop.bus.topics import FLOWS
 from cgloop.config import Settings, find_project_root
 from cgloop.v1.flow_pb2 import FlowRecordBatch
 
@@ -84,12 +85,13 @@ def bench_worker(model, version, n_records: int, rate: float) -> None:
         batches = [recs[i:i + 10] for i in range(0, len(recs), 10)]
 
         def produce() -> None:
-            prod = BatchProducer(bootstrap, **{"linger.ms": 0})
+            # the bus table's settings, as the probe that sends flows in operation has them
+            prod = BatchProducer(bootstrap)
             gap = 10 / rate
             t0 = time.perf_counter()
             for i, b in enumerate(batches):
                 key = repr(conversation_key(b[0].five_tuple)).encode()
-                prod.send("cgloop.flows.v1", FlowRecordBatch(records=b), key=key)
+                prod.send(FLOWS.name, FlowRecordBatch(records=b), key=key)
                 prod._producer.poll(0)
                 sleep = t0 + (i + 1) * gap - time.perf_counter()
                 if sleep > 0:
@@ -98,7 +100,7 @@ def bench_worker(model, version, n_records: int, rate: float) -> None:
 
         # baseline: bare consume + commit of the same traffic (no analytics)
         run = uuid.uuid4().hex[:6]
-        base = BatchConsumer(bootstrap, f"bench-bare-{run}", ["cgloop.flows.v1"])
+        base = BatchConsumer(bootstrap, f"bench-bare-{run}", [FLOWS.name])
         worker = Worker(AnalyticsEngine(model, version), bootstrap, tmp / "w.json",
                         f"bench-worker-{run}")
         # wait for both group joins before producing, so latencies are not join times

@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_datasets import _batches
 from cgloop.arrowcodec import flows_to_arrow, int_to_arrow
+from cgloop.bus.topics import FLOWS, INT
 from cgloop.contracts.samples import sample_int_record_batch
 from cgloop.v1.flow_pb2 import FlowRecordBatch
 from cgloop.v1.int_pb2 import IntRecordBatch
@@ -48,11 +49,11 @@ from cgloop.v1.int_pb2 import IntRecordBatch
 # What each kind's section times: the codec's function, the peer's message class, the topic
 # and the tables its rows end up in (the check that every row was stored).
 KINDS = {
-    "flows": (flows_to_arrow, FlowRecordBatch, "cgloop.flows.v1", ("flow_records",)),
+    "flows": (flows_to_arrow, FlowRecordBatch, FLOWS.name, ("flow_records",)),
     "int": (
         int_to_arrow,
         IntRecordBatch,
-        "cgloop.int.v1",
+        INT.name,
         ("int_hop_records", "int_flow_records", "int_queue_records", "int_drop_records"),
     ),
 }

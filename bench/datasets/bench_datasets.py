@@ -36,6 +36,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for conftest
+from cgloop.bus.topics import FLOWS
+
 N_FLOWS = 1000
 PER_MESSAGE = 5000
 
@@ -118,7 +120,7 @@ SHAPE_TEXT = {
     "probe": f"the probe's shape: {PROBE_FLOWS:,} flows, 100 ms sweeps, 64 keyed batches a sweep",
     "worst": f"worst case: {PER_MESSAGE:,} records a message, each its own flow-second",
 }
-PARTITIONS = 6  # cgloop.flows.v1 (cgloop.bus.topics)
+PARTITIONS = FLOWS.partitions
 
 
 def _store_chunks(messages: list[tuple[str, bytes]]) -> list[list[bytes]]:
@@ -183,7 +185,7 @@ def bench_ingest(
     def broker_cpu_now() -> float:
         return cpu_seconds(broker_pid) if broker_pid else 0.0
 
-    kind = KINDS["cgloop.flows.v1"]
+    kind = KINDS[FLOWS.name]
     chunks = _store_chunks(_messages(rows, shape))
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
@@ -203,7 +205,7 @@ def bench_ingest(
         # 2. Through Kafka and the sink (its own consumer group reads the topic from the start).
         config = SinkConfig(
             **({"writers": writers} if writers else {}),
-            group_id=f"bench-{schema}-{uuid.uuid4()}", topics=["cgloop.flows.v1"],
+            group_id=f"bench-{schema}-{uuid.uuid4()}", topics=[FLOWS.name],
             # old: its schema predates the closing pass's histogram columns
             close_minutes_every_s=10.0 if schema == "new" else 0,
         )  # fmt: skip
@@ -215,7 +217,7 @@ def bench_ingest(
         # Sustained rate: timed from the first message fetched (the group join, ~3 s of
         # broker-side rebalance delay, is start-up, not throughput) to the last row written.
         deadline = time.perf_counter() + 900
-        received = sink.metrics.messages.labels("cgloop.flows.v1")
+        received = sink.metrics.messages.labels(FLOWS.name)
         while received._value.get() == 0 and time.perf_counter() < deadline:
             time.sleep(0.001)
         start = time.perf_counter()
@@ -273,8 +275,8 @@ def bench_stages(rows: int, shape: str, bootstrap: str) -> None:
     # Assigned, not subscribed (no group join), from the first offset: fetch + hand-over of
     # every message, as the sink's consume loop gets them.
     start = time.perf_counter()
-    meta = consumer.list_topics("cgloop.flows.v1", timeout=30).topics["cgloop.flows.v1"]
-    consumer.assign([TopicPartition("cgloop.flows.v1", p, OFFSET_BEGINNING)
+    meta = consumer.list_topics(FLOWS.name, timeout=30).topics[FLOWS.name]
+    consumer.assign([TopicPartition(FLOWS.name, p, OFFSET_BEGINNING)
                      for p in meta.partitions])  # fmt: skip
     messages = 0
     while messages == 0 and time.perf_counter() - start < 300:  # timed from the first one,
@@ -287,7 +289,7 @@ def bench_stages(rows: int, shape: str, bootstrap: str) -> None:
     consumer.close()
     print(f"RESULT stage_kafka_consume {consume_rate}")
 
-    kind = KINDS["cgloop.flows.v1"]
+    kind = KINDS[FLOWS.name]
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         client = clickhouse_connect.get_client(dsn=f"chdb://{tmp}/store")
         migrate(client)
@@ -341,7 +343,7 @@ def run_ingest(rows: int, shape: str) -> None:
 
     print(f"building {rows:,} distinct flow records ({SHAPE_TEXT[shape]}) ...", flush=True)
     messages = _messages(rows, shape)
-    t = topic("cgloop.flows.v1")
+    t = topic(FLOWS.name)
     start = time.perf_counter()
     headers = headers_for(FlowRecordBatch())
     for _, p in messages:
@@ -363,7 +365,7 @@ def run_ingest(rows: int, shape: str) -> None:
             producer = BatchProducer(settings.bootstrap_servers, **{"message.max.bytes": 8 << 20})
             # The headers every producer sets: the sink refuses messages without them.
             for key, p in messages:  # keyed by flow bucket, as the probe keys them
-                producer.send_raw("cgloop.flows.v1", p, key=key, headers=headers)
+                producer.send_raw(FLOWS.name, p, key=key, headers=headers)
             producer.flush(120)
             del messages
             cmd = [sys.executable, __file__, "--only", "stages", "--rows", str(rows),

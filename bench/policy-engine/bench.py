@@ -32,6 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
+from cgloop.bus.topics import ACTIONS, DETECTIONS
 from cgloop.policy import model
 from cgloop.policy.actuators import NodeAgentActuator, NotifyActuator, Router
 from cgloop.policy.engine import Engine
@@ -314,7 +315,7 @@ def passthrough(bootstrap: str, group: str) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    consumer = BatchConsumer(bootstrap, group, ["cgloop.detections.v1"])
+    consumer = BatchConsumer(bootstrap, group, [DETECTIONS.name])
     producer = BatchProducer(bootstrap, client_id="bench-pass")
     print("passthrough: ready", flush=True)
     seq = 0
@@ -346,7 +347,7 @@ def passthrough(bootstrap: str, group: str) -> None:
                 )
             )
         if out.events:
-            producer.send("cgloop.actions.v1", out, key="pass")
+            producer.send(ACTIONS.name, out, key="pass")
             producer.flush()
         for msg in {it[2].partition(): it[2] for it in items}.values():
             consumer.commit(msg)
@@ -431,7 +432,7 @@ def bench_kafka(seconds: float = 5.0) -> None:
             audit = BatchConsumer(
                 bootstrap,
                 f"bench-audit-{label}-{run}",
-                ["cgloop.actions.v1"],
+                [ACTIONS.name],
                 **{"auto.offset.reset": "latest"},
             )
             audit.poll(3)
@@ -455,7 +456,9 @@ def bench_kafka(seconds: float = 5.0) -> None:
 
             collector = threading.Thread(target=collect, daemon=True)
             collector.start()
-            producer = BatchProducer(bootstrap, client_id=f"bench-{label}", **{"linger.ms": 0})
+            # The bus table's settings; each batch is flushed, as the analytics worker flushes
+            # its detections every step (a flush sends at once, whatever linger.ms says).
+            producer = BatchProducer(bootstrap, client_id=f"bench-{label}")
             begin = time.perf_counter_ns()
             for i in range(0, n, BATCH):
                 if i == RATE:
@@ -473,7 +476,8 @@ def bench_kafka(seconds: float = 5.0) -> None:
                     d.window_end_ns = t
                     d.labels["bench"] = label
                     sent[d.id] = t
-                producer.send("cgloop.detections.v1", batch, key=str(i))
+                producer.send(DETECTIONS.name, batch, key=str(i))
+                producer.flush()
             producer.flush()
             producing.clear()
             collector.join(60)
