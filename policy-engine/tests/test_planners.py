@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
-from cgloop.policy.planners import calvin, natif, overload, power, sfc
+from cgloop.policy.planners import calvin, catalogue, natif, overload, power, sfc
 from cgloop.policy.planners.natif import Branch, Category, Flow, NetworkFunction
+from cgloop.v1 import node_agent_pb2 as na
 
 MBIT = 1e6
 
@@ -128,52 +130,185 @@ def test_natif_rejects_unknown_names() -> None:
         natif.instantiate(functions, [Branch("c", ("nat",), ())], {})
 
 
-def test_calvin_classification_table() -> None:
-    # CALVIN §III-B: forwarding is elementary; router, load balancer, NAT, packet filter are
-    # basic (kernel, XDP); encryption, compression, network coding are advanced (user space).
-    expected = {
-        "forward": calvin.FunctionKind.ELEMENTARY,
-        "router": calvin.FunctionKind.BASIC,
-        "load_balancer": calvin.FunctionKind.BASIC,
-        "nat": calvin.FunctionKind.BASIC,
-        "packet_filter": calvin.FunctionKind.BASIC,
-        "encryption": calvin.FunctionKind.ADVANCED,
-        "compression": calvin.FunctionKind.ADVANCED,
-        "network_coding": calvin.FunctionKind.ADVANCED,
+def test_catalogue_is_the_proto_oneof_with_its_declared_kinds() -> None:
+    # Every member of ChainFunction.function, in declaration order, with its CALVIN kind and
+    # Natif bound from the function_traits option (the agent's table is built from the same).
+    members = [f.name for f in na.ChainFunction.DESCRIPTOR.oneofs_by_name["function"].fields]
+    assert list(catalogue.FUNCTIONS) == members
+    kinds = {n: calvin.FunctionKind(f.kind).name for n, f in catalogue.FUNCTIONS.items()}
+    assert kinds == {
+        "forward": "ELEMENTARY",
+        "acl": "BASIC",
+        "mark": "BASIC",
+        "rate_limit": "BASIC",
+        "mirror": "BASIC",
+        "dpi": "ADVANCED",
     }
-    got = {n: calvin.classify(calvin.KNOWN_FUNCTIONS[n]) for n in expected}
-    assert got == expected
+    # CALVIN: payload work runs in user space, header work in BPF; Natif: the payload function
+    # is CPU-bound, the header ones I/O-bound.
+    for f in catalogue.FUNCTIONS.values():
+        assert (f.kind == catalogue.ADVANCED) == (f.bound == catalogue.CPU_BOUND), f.name
+    mark = catalogue.FUNCTIONS["mark"]
+    assert mark.needs_a_parameter and [(p.name, p.max) for p in mark.params] == [
+        ("dscp", 63),
+        ("ecn", 3),
+    ]
+    assert catalogue.FUNCTIONS["dpi"].oneofs == ("pattern", "on_match")
     assert calvin.runs_in(calvin.FunctionKind.BASIC) == "kernel_xdp"
     assert calvin.runs_in(calvin.FunctionKind.ADVANCED) == "user_space_af_xdp"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"mark": {}}, '#0 "mark": set dscp, ecn, or several'),
+        ({"mark": {"dscp": 64}}, '#0 "mark": dscp 64 is not within 0..63'),
+        ({"acl": {"dst_port": 70000}}, "dst_port 70000 is not within 0..65535"),
+        ({"rate_limit": {"burst_bytes": 3000}}, "rate_bps 0 is not within 8..34359738360"),
+        ({"mirror": {"interface": "x" * 16}}, "is not within length 1..15"),
+        ({"dpi": {"text": "é" * 33, "drop": {}}}, "is not within length 1..64"),  # UTF-8 bytes
+        ({"dpi": {"text": "GAME"}}, "on_match: set one of mark_dscp, drop"),
+        ({"dpi": {"mark_dscp": 1}}, "pattern: set one of text, hex"),
+        ({"dpi": {"hex": "abc", "drop": {}}}, 'hex "abc" is not hex bytes'),
+    ],
+)
+def test_catalogue_refuses_like_the_agent(spec: dict, message: str) -> None:
+    chain = na.ServiceChain(chain_id="c", traffic_class="gaming")
+    chain.functions.append(catalogue.function(spec))
+    with pytest.raises(catalogue.CatalogueError, match=re.escape(message)):
+        catalogue.check_chain(chain)
+
+
+def test_catalogue_reads_the_policy_form_and_names_what_is_wrong() -> None:
+    fn = catalogue.function({"dpi": {"text": "GFN", "mark_dscp": 46}})
+    assert fn.dpi.text == "GFN" and fn.dpi.mark_dscp == 46 and not fn.dpi.HasField("depth")
+    assert catalogue.to_spec(fn) == {"dpi": {"text": "GFN", "mark_dscp": 46}}
+    assert catalogue.name_of(catalogue.function("forward")) == "forward"
+    with pytest.raises(catalogue.CatalogueError, match="'nat' is not in the catalogue; known: "):
+        catalogue.function({"nat": {}})
+    with pytest.raises(catalogue.CatalogueError, match=r'"port"(.|\n)*takes dscp, ecn'):
+        catalogue.function({"mark": {"port": 1}})
+    with pytest.raises(catalogue.CatalogueError, match="dscp"):
+        catalogue.function({"mark": {"dscp": "high"}})
+
+
+def test_calvin_order_and_declared_kind() -> None:
+    dpi = catalogue.function({"dpi": {"text": "G", "drop": {}}})
+    acl = catalogue.function({"acl": {"proto": 6}})
+    with pytest.raises(catalogue.CatalogueError, match="follows an advanced one"):
+        catalogue.check_chain(na.ServiceChain(traffic_class="g", functions=[dpi, acl]))
+    dpi.kind = na.FUNCTION_KIND_BASIC
+    with pytest.raises(catalogue.CatalogueError, match=r"CALVIN.*declare it FUNCTION_KIND_ADV"):
+        catalogue.check(dpi)
+
+
+def _fn(name: str) -> na.ChainFunction:
+    return catalogue.function(
+        {
+            "forward": {"forward": {}},
+            "acl": {"acl": {"proto": 17, "dst_port": 1900}},
+            "mark": {"mark": {"dscp": 46}},
+            "dpi": {"dpi": {"text": "GFN", "mark_dscp": 46}},
+        }[name]
+    )
 
 
 def _chain(cid: str, base_rtt_s: float, *fns: tuple[str, float]) -> calvin.ChainRequest:
     return calvin.ChainRequest(
         cid,
         "gaming",
-        tuple(calvin.ChainFunctionRequest(calvin.KNOWN_FUNCTIONS[n], t) for n, t in fns),
+        tuple(calvin.ChainFunctionRequest(_fn(n), t) for n, t in fns),
         base_rtt_s,
     )
 
 
 def test_calvin_admission_reproduces_section_iv_d() -> None:
-    # §IV-D: 1400 B packets, 0.32 ms chain RTT; network coding (< 7 us) fits the 20 us budget,
-    # encryption does not; with 256 B packets (0.19 ms) encryption fits.
+    # §IV-D: 1400 B packets, 0.32 ms chain RTT; an advanced function of < 7 us (network coding
+    # in the paper) fits the 20 us budget, one of 25 us (encryption) does not; with 256 B
+    # packets (0.19 ms) 15 us fits. The advanced function here is the agent's dpi.
     ledger = calvin.LatencyLedger(free_cores=[2, 3])
-    nc = ledger.place(_chain("nc", 0.32e-3, ("nat", 0.0), ("network_coding", 7e-6)))
+    nc = ledger.place(_chain("nc", 0.32e-3, ("acl", 0.0), ("dpi", 7e-6)))
     assert nc.admitted, nc.reasons
     assert [f.core for f in nc.functions] == [None, 2]
-    enc = ledger.place(_chain("enc", 0.32e-3, ("encryption", 25e-6)))
+    enc = ledger.place(_chain("enc", 0.32e-3, ("dpi", 25e-6)))
     assert not enc.admitted
     assert any("20 us advanced-function budget" in r for r in enc.reasons)
     assert any("edge budget" in r for r in enc.reasons)
-    small = ledger.place(_chain("enc256", 0.19e-3, ("encryption", 15e-6)))
+    small = ledger.place(_chain("enc256", 0.19e-3, ("dpi", 15e-6)))
     assert small.admitted and small.functions[0].core == 3
     # No core left for another advanced function until a chain is released.
-    full = ledger.place(_chain("nc2", 0.19e-3, ("network_coding", 5e-6)))
+    full = ledger.place(_chain("nc2", 0.19e-3, ("dpi", 5e-6)))
     assert not full.admitted and "no free core" in full.reasons[0]
     ledger.release("nc")
-    assert ledger.place(_chain("nc2", 0.19e-3, ("network_coding", 5e-6))).admitted
+    assert ledger.place(_chain("nc2", 0.19e-3, ("dpi", 5e-6))).admitted
+
+
+def test_place_service_chain_returns_the_placed_agent_chain() -> None:
+    fns = [_fn("mark"), _fn("acl"), _fn("dpi")]
+    fns[0].kind = na.FUNCTION_KIND_ADVANCED  # a request's kind is replaced by the catalogue's
+    chain = calvin.place_service_chain(
+        fns,
+        chain_id="gaming-edge",
+        traffic_class="gaming",
+        base_rtt_s=190e-6,
+        free_cores=[2, 3],
+        processing_s=[0, 0, 7e-6],
+    )
+    assert (chain.chain_id, chain.traffic_class) == ("gaming-edge", "gaming")
+    assert [(catalogue.name_of(f), f.kind, f.core) for f in chain.functions] == [
+        ("mark", na.FUNCTION_KIND_BASIC, 0),
+        ("acl", na.FUNCTION_KIND_BASIC, 0),
+        ("dpi", na.FUNCTION_KIND_ADVANCED, 2),
+    ]
+    assert chain.functions[2].dpi.text == "GFN"
+    with pytest.raises(calvin.AdmissionRefused, match="needs processing_s") as refused:
+        calvin.place_service_chain(
+            [_fn("dpi")], chain_id="c", traffic_class="g", base_rtt_s=0, free_cores=[2]
+        )
+    assert refused.value.reasons == ["dpi: advanced function needs processing_s"]
+    with pytest.raises(calvin.AdmissionRefused, match="no free core"):
+        calvin.place_service_chain(
+            [_fn("dpi")],
+            chain_id="c",
+            traffic_class="g",
+            base_rtt_s=0,
+            free_cores=[],
+            processing_s=[1e-6],
+        )
+    with pytest.raises(catalogue.CatalogueError, match="follows an advanced"):
+        calvin.place_service_chain(
+            [_fn("dpi"), _fn("mark")],
+            chain_id="c",
+            traffic_class="g",
+            base_rtt_s=0,
+            free_cores=[2],
+            processing_s=[1e-6, 0],
+        )
+
+
+def test_natif_takes_the_agent_functions_categories_from_the_catalogue() -> None:
+    assert Category.of("acl") is Category.IO_BOUND and Category.of("dpi") is Category.CPU_BOUND
+    assert Category.of("X") is None
+    dpi = NetworkFunction.of("dpi", capacity_pps=1e9, capacity_bps=200 * MBIT)
+    assert dpi.category is Category.CPU_BOUND
+    with pytest.raises(ValueError, match="not in the chain catalogue"):
+        NetworkFunction.of("nat", 1, 1)
+    wrong = {"dpi": NetworkFunction("dpi", Category.IO_BOUND, 100, 1e9)}
+    with pytest.raises(ValueError, match="CPU_BOUND in the chain catalogue"):
+        natif.instantiate(wrong, [Branch("c", ("dpi",), ())], {})
+
+
+def test_sfc_plans_an_agent_chain_checked_by_the_catalogue() -> None:
+    nodes = [sfc.Node("A", slots=2), sfc.Node("B", slots=2)]
+    chain = na.ServiceChain(traffic_class="gaming", functions=[_fn("mark"), _fn("acl"), _fn("dpi")])
+    assert sfc.plan_chain(chain, nodes, "lblc", service_node="A") == [
+        ("mark", "A"),
+        ("acl", "A"),
+        ("dpi", "B"),
+    ]
+    bad = na.ServiceChain(traffic_class="gaming", functions=[_fn("dpi"), _fn("mark")])
+    with pytest.raises(catalogue.CatalogueError):
+        sfc.plan_chain(bad, nodes)
 
 
 def test_sfc_placement_fig_2_2() -> None:

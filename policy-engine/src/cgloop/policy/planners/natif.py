@@ -19,6 +19,15 @@ balancer, flow monitor) or CPU-bound (limited by bits/s: IDS, redundancy elimina
 * Baselines of §7.1: `greedy` (fixed instances, scaled up: one instance per function with the
   cores shared equally, which single-threaded functions cannot use) and `throughput_only`
   (StratosB: instances and distribution from throughput alone).
+
+Categories of the agent's functions: a function the node agent runs is in the chain catalogue
+(`planners.catalogue`, declared in node_agent.proto) with its Natif bound, I/O-bound for the
+header-only functions (acl, mark, rate_limit, mirror, forward: limited by packets/s, like the
+thesis's firewall and NAT) and CPU-bound for the payload function (dpi: limited by bits/s, like
+its IDS). `NetworkFunction.of` takes the category from there, and `_check` refuses a catalogue
+function given the other category. Names outside the catalogue stay free, for the thesis's
+abstract examples (X, Y; IDS, redundancy eliminator), which are models and never sent to an
+agent.
 """
 
 from __future__ import annotations
@@ -29,12 +38,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from cgloop.policy.planners import catalogue
+
 
 class Category(IntEnum):
     """`m.proc` of the thesis: what limits a function's capacity."""
 
     IO_BOUND = 0  # packets per second
     CPU_BOUND = 1  # bits per second
+
+    @classmethod
+    def of(cls, function: str) -> Category | None:
+        """The category the chain catalogue declares for an agent function (None: not one)."""
+        spec = catalogue.FUNCTIONS.get(function)
+        if spec is None:
+            return None
+        return cls.CPU_BOUND if spec.bound == catalogue.CPU_BOUND else cls.IO_BOUND
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,16 @@ class NetworkFunction:
 
     def capacity(self, category: Category) -> float:
         return self.capacity_pps if category is Category.IO_BOUND else self.capacity_bps
+
+    @classmethod
+    def of(
+        cls, name: str, capacity_pps: float, capacity_bps: float, **kw: object
+    ) -> NetworkFunction:
+        """An agent function, its category from the chain catalogue."""
+        category = Category.of(name)
+        if category is None:
+            raise ValueError(f"{name!r} is not in the chain catalogue ({catalogue.known()})")
+        return cls(name, category, capacity_pps, capacity_bps, **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -114,6 +143,12 @@ def _check(
     for nf in functions.values():
         if nf.capacity_pps <= 0 or nf.capacity_bps <= 0:
             raise ValueError(f"function {nf.name!r}: capacities must be > 0")
+        declared = Category.of(nf.name)
+        if declared is not None and declared is not nf.category:
+            raise ValueError(
+                f"function {nf.name!r} is {declared.name} in the chain catalogue, not "
+                f"{nf.category.name}"
+            )
 
 
 def required_capacity(

@@ -9,6 +9,10 @@ Nodes have a number of function slots; a chain is an ordered list of service fun
   of the chain's SFs onto the spawned instances so the chain crosses nodes as few times as
   possible: each node's SFs become contiguous, starting from the service node when it has any.
 `inter_node_links` counts the chain's hops between different nodes (transmission latency).
+
+`plan_chain` places the functions of a node-agent chain (`cgloop.v1.ServiceChain`, checked
+against the chain catalogue as the agent would check it) with one of the three heuristics; the
+bare functions take any SF names, for the thesis's examples.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from cgloop.policy.planners import catalogue
+from cgloop.v1 import node_agent_pb2 as na
 
 
 @dataclass(frozen=True)
@@ -91,3 +99,24 @@ def node_loads(
     for name in placement:
         load[name] += sf_load
     return load
+
+
+def plan_chain(
+    chain: na.ServiceChain,
+    nodes: Sequence[Node],
+    heuristic: Literal["lb", "lc", "lblc"] = "lblc",
+    service_node: str | None = None,
+) -> list[tuple[str, str]]:
+    """(function name, node) per function of an agent chain, in packet order; the chain must
+    pass the catalogue's checks (catalogue.CatalogueError otherwise)."""
+    catalogue.check_chain(chain)
+    names = [catalogue.name_of(f) for f in chain.functions]
+    if heuristic == "lb":
+        placed = lb(names, nodes)
+    elif heuristic == "lc":
+        if service_node is None:
+            raise ValueError("LC starts on the service node: name it")
+        placed = lc(names, nodes, service_node)
+    else:
+        placed = lblc(names, nodes, service_node)
+    return list(zip(names, placed, strict=True))
