@@ -19,7 +19,7 @@ from cgloop.analytics.detectors.base import (
 )
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.v1.common_pb2 import FiveTuple
-from cgloop.v1.detection_pb2 import QueueRef
+from cgloop.v1.detection_pb2 import Detection, QueueRef
 
 FT = FiveTuple(
     src_addr=bytes([10, 0, 0, 1]), dst_addr=bytes([10, 0, 0, 2]), src_port=1000, dst_port=2000,
@@ -143,11 +143,19 @@ def test_suppressor_forgets_the_least_recently_alerted_first() -> None:
 
 def test_suppressor_state_survives_a_restart_oldest_first() -> None:
     s = Suppressor(max_keys=2)
-    s.load({"d|1|late": 9 * NS, "d|1|early": 1 * NS})
-    assert list(s.last) == ["d|1|early", "d|1|late"]
-    assert not s.allow(_det(10 * NS, subject="late"))
+    s.load({"d|1|a-late": 9 * NS, "d|1|b-early": 1 * NS})
+    assert list(s.last) == ["d|1|b-early", "d|1|a-late"], "by time, not by key"
+    assert not s.allow(_det(10 * NS, subject="a-late"))
     s.allow(_det(11 * NS, subject="new"))
-    assert set(s.state()) == {"d|1|late", "d|1|new"}
+    assert set(s.state()) == {"d|1|a-late", "d|1|new"}
+
+
+def test_a_detection_without_subject_is_keyed_by_detector_and_kind() -> None:
+    s = Suppressor()
+    bare = Detection(detector="d", kind=1, window_end_ns=NS)
+    assert s.allow(bare)
+    assert s.state() == {"d|1|": NS}
+    assert not s.allow(Detection(detector="d", kind=1, window_end_ns=2 * NS))
 
 
 def test_now_ns_is_the_wall_clock() -> None:

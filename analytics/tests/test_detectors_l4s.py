@@ -154,7 +154,7 @@ def test_classic_queue_bursts_count_only_when_the_rate_is_erratic() -> None:
 
 def test_the_flow_table_is_bounded_and_idle_flows_evicted() -> None:
     det = L4sAbuseDetector(max_flows=2, idle_ns=10 * NS)
-    det.on_flow(rec(0, port=1))
+    det.on_flow(rec(0, port=9))
     det.on_flow(rec(2, port=2))
     det.on_flow(rec(4, port=3))  # full, nobody idle: the least recently seen goes
     assert sorted(s.five_tuple.src_port for s in det.flows.values()) == [2, 3]

@@ -163,7 +163,7 @@ def test_a_function_is_loaded_by_its_packet_rate_over_its_capacity() -> None:
     assert det.on_node(node(0, functions=[("dpi", 500)])) == [], "same time: no rate"
     assert det.on_node(node(NS // 2, functions=[("dpi", 975)])) == []  # 950 pps
     assert det.on_node(node(NS, functions=[("dpi", 1450)])) == []  # 950 pps for 0.5 s
-    (d,) = det.on_node(node(3 * NS // 2, functions=[("dpi", 1925), ("fwd", 10**9)]))
+    (d,) = det.on_node(node(3 * NS // 2, functions=[("fwd", 10**9), ("dpi", 1925)]))
     assert d.kind == K.DETECTION_KIND_FUNCTION_OVERLOAD and d.node_id == "dpi"
     assert evidence(d)["rate_pps"] == pytest.approx((950.0, 1000.0, 0.0, "pps"))
     assert evidence(d)["rho"][0] == pytest.approx(0.95)
@@ -180,3 +180,19 @@ def test_subjects_are_bounded_and_idle_ones_evicted() -> None:
     assert det.evict(T0 + 13 * NS) == 0, "port 2 idle exactly idle_ns: kept"
     assert det.evict(T0 + 13 * NS + 1) == 1
     assert set(det.subjects) == {"q/1/3/3"}
+
+
+def test_a_node_sample_reports_every_overload_it_shows() -> None:
+    det = QueueOverloadDetector(capacity_pps={"dpi": 100.0, "nat": 100.0})
+    for k in range(4):  # every 0.5 s: the core from 0.5 s, 92 and 96 packets/s from 0.5 s
+        cores = (0.95,) if k else ()
+        out = det.on_node(
+            node(k * NS // 2, cores=cores, functions=[("dpi", 46 * k), ("nat", 48 * k)])
+        )
+    assert sorted(d.kind for d in out) == [
+        K.DETECTION_KIND_NODE_OVERLOAD,
+        K.DETECTION_KIND_FUNCTION_OVERLOAD,
+        K.DETECTION_KIND_FUNCTION_OVERLOAD,
+    ]
+    assert {d.node_id for d in out} == {"edge", "dpi", "nat"}
+    assert set(det.subjects) == {"n/edge", "f/edge/dpi", "f/edge/nat"}

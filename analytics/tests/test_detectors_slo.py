@@ -263,6 +263,7 @@ def test_latency_samples() -> None:
     assert evidence(d)["latency_ms"][3] == "ms"
     assert (d.window_start_ns, d.window_end_ns) == (at(2), at(2))
     assert next(iter(det.flows.values())).last_seen == at(2)
+    assert d.evidence[0].value == 150.0, "ns to ms exactly"
 
 
 def test_path_delays_are_kept_for_watched_conversations_in_a_window() -> None:
@@ -271,6 +272,10 @@ def test_path_delays_are_kept_for_watched_conversations_in_a_window() -> None:
     assert det.paths == {}, "not watched: not kept"
     det.watch(ft(), "gfn")
     det.on_path_delay(ft(reverse=True), at(0), 5 * MS)  # either direction of it
+    assert len(det.paths) == 1
+    det.on_path_delay(ft(port=1), at(0), 5 * MS)
+    det.on_path_delay(ft(port=443), at(0), 5 * MS)
+    assert len(det.paths) == 1, "other flows of the same hosts are not the watched one"
     for i in range(1, 6):
         det.on_path_delay(ft(), at(i * 0.25), (5 + i) * MS)
     (samples,) = det.paths.values()
@@ -320,10 +325,17 @@ def test_idle_flows_and_paths_are_evicted() -> None:
     det.on_path_delay(ft(1), at(0), MS)
     det.on_path_delay(ft(2), at(5), MS)
     assert det.evict(at(10)) == 0, "idle exactly idle_ns: kept"
+    assert len(det.paths) == 2
     assert det.evict(at(10) + 1) == 1
     assert det.watching(ft(2)) and not det.watching(ft(1)) and len(det.paths) == 1
-    det.watch(ft(3), "gfn", t_ns=at(6))
-    det.on_path_delay(ft(3), at(6), MS)
-    det.watch(ft(4), "gfn", t_ns=at(7))
-    det.on_path_delay(ft(4), at(7), MS)  # paths full: the least recently measured goes
-    assert len(det.paths) == 2
+
+
+def test_path_table_is_bounded_by_last_measurement() -> None:
+    det = SloDetector(max_flows=2)
+    det.watch(ft(9), "gfn", t_ns=at(1))
+    det.watch(ft(2), "gfn", t_ns=at(2))
+    det.on_path_delay(ft(9), at(1), 9 * MS)  # the largest key and delay, measured first
+    det.on_path_delay(ft(2), at(2), 1 * MS)
+    det.watch(ft(3), "gfn", t_ns=at(3))
+    det.on_path_delay(ft(3), at(3), 5 * MS)  # full: the least recently measured path goes
+    assert sorted(s[-1] for s in det.paths.values()) == [(at(2), 1.0), (at(3), 5.0)]

@@ -203,7 +203,9 @@ def cargo_mutants() -> Path:
     """cargo-mutants, pinned, under .cache (installed once; never on make run's path)."""
     exe = CARGO_MUTANTS_ROOT / "bin" / "cargo-mutants"
     have = (
-        subprocess.run([exe, "--version"], capture_output=True, text=True) if exe.exists() else None
+        subprocess.run([exe, "mutants", "--version"], capture_output=True, text=True)
+        if exe.exists()
+        else None
     )
     if have is None or CARGO_MUTANTS_VERSION not in have.stdout:
         print(f"installing cargo-mutants {CARGO_MUTANTS_VERSION} into {CARGO_MUTANTS_ROOT}")
