@@ -96,7 +96,13 @@ class WindowStore:
                 if r.overdue:
                     continue  # an early notice: the reply or the loss of that probe follows
                 q = self._probes[(addr_text(r.target_addr), r.dscp)]
-                q.append((r.sent_ns, -1 if r.lost else r.rtt_ns))
+                entry = (r.sent_ns, -1 if r.lost else r.rtt_ns)
+                if q and q[-1][0] > r.sent_ns:
+                    # A loss is known only at its timeout, after newer replies: keep the
+                    # deque in send order, which the windows' bisection relies on.
+                    bisect.insort(q, entry)
+                else:
+                    q.append(entry)
                 self._trim(q, r.sent_ns)
                 self.ingested += 1
 
