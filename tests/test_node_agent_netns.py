@@ -24,6 +24,7 @@ from typing import TypeVar
 import grpc
 import pytest
 from cgloop.binaries import find_binary
+from cgloop.policy.planners import calvin, catalogue
 from cgloop.v1 import common_pb2, node_agent_pb2, node_agent_pb2_grpc
 from cgloop.v1 import node_agent_pb2 as na
 
@@ -357,11 +358,15 @@ def test_class_rate_change_is_read_back_from_the_kernel(lab):
     assert (bulk.rate_bps, bulk.ceil_bps, bulk.name) == (5_000_000, 8_000_000, "bulk")
 
 
-def chain(cls: str, *fns: tuple[str, int, dict[str, str]]) -> na.ServiceChain:
-    return na.ServiceChain(
-        chain_id=f"{cls}-chain", traffic_class=cls,
-        functions=[na.ChainFunction(name=n, kind=k, params=p) for n, k, p in fns],
-    )
+def fn(spec: dict | str, kind: int = 0, core: int = 0) -> na.ChainFunction:
+    """A chain function from its policy form ({"mark": {"dscp": 46}}), kind and core set."""
+    out = catalogue.function(spec)
+    out.kind, out.core = kind, core
+    return out
+
+
+def chain(cls: str, *fns: na.ChainFunction) -> na.ServiceChain:
+    return na.ServiceChain(chain_id=f"{cls}-chain", traffic_class=cls, functions=fns)
 
 
 def test_chain_filters_marks_and_limits_and_calvin_refuses_payload_work(lab):
@@ -372,9 +377,9 @@ def test_chain_filters_marks_and_limits_and_calvin_refuses_payload_work(lab):
     basic = na.FUNCTION_KIND_BASIC
     resp = stub.SetChain(na.SetChainRequest(action_id="c1", chain=chain(
         "gaming",
-        ("acl", basic, {"proto": "17", "dst_port": "9101"}),
-        ("mark", basic, {"dscp": "34", "ecn": "1"}),
-        ("forward", na.FUNCTION_KIND_ELEMENTARY, {}),
+        fn({"acl": {"proto": 17, "dst_port": 9101}}, basic),
+        fn({"mark": {"dscp": 34, "ecn": 1}}, basic),
+        fn("forward", na.FUNCTION_KIND_ELEMENTARY),
     )), timeout=10)
     assert resp.outcome.changed
     rx_ok, rx_denied = Receiver(lab, 9100), Receiver(lab, 9101)
@@ -386,25 +391,25 @@ def test_chain_filters_marks_and_limits_and_calvin_refuses_payload_work(lab):
 
     # Swap in a token bucket: 200 kbit/s with a 3000-byte burst passes about the burst.
     stub.SetChain(na.SetChainRequest(action_id="c2", chain=chain(
-        "gaming", ("rate_limit", basic, {"rate_bps": "200000", "burst_bytes": "3000"}),
+        "gaming", fn({"rate_limit": {"rate_bps": 200_000, "burst_bytes": 3000}}, basic),
     )), timeout=10)
     rx = Receiver(lab, 9100)
     lab.send(41000, 9100, 200, size=972)  # 1000-byte IP packets, sent back to back
     passed = len(rx.stop())
     assert 2 <= passed <= 20, f"token bucket passed {passed} of 200"
     state = stub.GetState(na.GetStateRequest(), timeout=10).state
-    fn = state.chains[0].functions[0]
-    assert fn.name == "rate_limit" and fn.params["rate_bps"] == "200000"
-    assert fn.dropped_packets == 200 - passed
+    got_fn = state.chains[0].functions[0]
+    assert catalogue.name_of(got_fn) == "rate_limit" and got_fn.rate_limit.rate_bps == 200_000
+    assert got_fn.dropped_packets == 200 - passed
 
     with pytest.raises(grpc.RpcError) as err:
         stub.SetChain(na.SetChainRequest(action_id="c3", chain=chain(
-            "gaming", ("encrypt", basic, {}))), timeout=10)
+            "gaming", fn({"dpi": {"text": "x", "drop": {}}}, basic))), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "CALVIN" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
         stub.SetChain(na.SetChainRequest(action_id="c4", chain=chain(
-            "gaming", ("acl", na.FUNCTION_KIND_ADVANCED, {}))), timeout=10)
+            "gaming", fn("acl", na.FUNCTION_KIND_ADVANCED))), timeout=10)
     assert "CALVIN" in err.value.details()
 
 
@@ -415,8 +420,8 @@ def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab)
     adv, basic = na.FUNCTION_KIND_ADVANCED, na.FUNCTION_KIND_BASIC
     stub.SetChain(na.SetChainRequest(action_id="a1", chain=chain(
         "gaming",
-        ("mark", basic, {"dscp": "10"}),
-        ("dpi", adv, {"pattern": "GAMEINPUT", "dscp": "46"}),
+        fn({"mark": {"dscp": 10}}, basic),
+        fn({"dpi": {"text": "GAMEINPUT", "mark_dscp": 46}}, adv),
     )), timeout=10)
     rx = Receiver(lab, 9300)
     lab.send(43000, 9300, 30, payload=b"..GAMEINPUT..")
@@ -427,16 +432,16 @@ def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab)
     assert sorted(d for _, d in got) == [10] * 30 + [46] * 30, got
     state = stub.GetState(na.GetStateRequest(), timeout=10).state
     fns = state.chains[0].functions
-    assert [(f.name, f.kind) for f in fns] == [("mark", basic), ("dpi", adv)]
-    assert fns[1].params["pattern"] == "GAMEINPUT"
+    assert [(catalogue.name_of(f), f.kind) for f in fns] == [("mark", basic), ("dpi", adv)]
+    assert fns[1].dpi.text == "GAMEINPUT" and fns[1].dpi.mark_dscp == 46
     assert fns[0].packets == 60 and fns[1].packets == 60, "every packet went through user space"
 
     # Atomic swap under traffic. Chain A drops everything in user space (the pattern is in every
     # packet); chain B marks 20 and passes. A mix (A's prefix with B's suffix) would deliver
     # DSCP 10: it must never appear.
     stub.SetChain(na.SetChainRequest(action_id="a2", chain=chain(
-        "gaming", ("mark", basic, {"dscp": "10"}),
-        ("dpi", adv, {"pattern": "SEQ", "action": "drop"}),
+        "gaming", fn({"mark": {"dscp": 10}}, basic),
+        fn({"dpi": {"text": "SEQ", "drop": {}}}, adv),
     )), timeout=10)
     rx = Receiver(lab, 9300)
     sender = threading.Thread(target=lab.send, args=(43000, 9300, 3000),
@@ -444,8 +449,8 @@ def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab)
     sender.start()
     time.sleep(0.15)
     stub.SetChain(na.SetChainRequest(action_id="a3", chain=chain(
-        "gaming", ("mark", basic, {"dscp": "20"}),
-        ("dpi", adv, {"pattern": "NEVER", "action": "drop"}),
+        "gaming", fn({"mark": {"dscp": 20}}, basic),
+        fn({"dpi": {"text": "NEVER", "drop": {}}}, adv),
     )), timeout=10)
     sender.join(60)
     got = rx.stop()
@@ -456,14 +461,16 @@ def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab)
 
     with pytest.raises(grpc.RpcError) as err:  # a basic function after an advanced one
         stub.SetChain(na.SetChainRequest(action_id="a4", chain=chain(
-            "gaming", ("dpi", adv, {"pattern": "x", "dscp": "1"}), ("mark", basic, {"dscp": "1"}),
+            "gaming", fn({"dpi": {"text": "x", "mark_dscp": 1}}, adv),
+            fn({"mark": {"dscp": 1}}, basic),
         )), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "CALVIN" in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:  # known payload function, no implementation yet
+    with pytest.raises(grpc.RpcError) as err:  # no function set: the catalogue is listed
         stub.SetChain(na.SetChainRequest(action_id="a5", chain=chain(
-            "gaming", ("transcode", adv, {}))), timeout=10)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            "gaming", na.ChainFunction(kind=adv))), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "dpi (advanced)" in err.value.details()
 
     # A killed agent leaves its AF_XDP port behind; the restarted one replaces it and restores
     # the chain (prefix in BPF, dpi in user space) from its journal.
@@ -476,7 +483,7 @@ def test_advanced_dpi_runs_in_user_space_behind_af_xdp_and_swaps_atomically(lab)
     got = rx.stop()
     assert len(got) == 20 and {d for _, d in got} == {20}, got
     fns = stub.GetState(na.GetStateRequest(), timeout=10).state.chains[0].functions
-    assert [f.name for f in fns] == ["mark", "dpi"] and fns[1].packets == 20
+    assert [catalogue.name_of(f) for f in fns] == ["mark", "dpi"] and fns[1].packets == 20
 
 
 def test_impairment_drops_about_the_configured_fraction(lab):
@@ -554,10 +561,10 @@ def test_bounds_hold_for_chain_targets_cores_and_child_rates(lab):
 
     for target in ("lo", lab.if_b):  # lo, and an interface of the other namespace's name
         refused(f"m-{target}", lambda a, t=target: stub.SetChain(na.SetChainRequest(
-            action_id=a, chain=chain("gaming", ("mirror", basic, {"interface": t}))), timeout=10),
+            action_id=a, chain=chain("gaming", fn({"mirror": {"interface": t}}, basic))),
+            timeout=10),
             grpc.StatusCode.PERMISSION_DENIED, f'interface "{target}"', lab.if_a)
-    pinned = chain("gaming", ("dpi", adv, {"pattern": "x", "dscp": "1"}))
-    pinned.functions[0].core = 9999
+    pinned = chain("gaming", fn({"dpi": {"text": "x", "mark_dscp": 1}}, adv, core=9999))
     refused("core", lambda a: stub.SetChain(na.SetChainRequest(action_id=a, chain=pinned),
                                             timeout=10),
             grpc.StatusCode.INVALID_ARGUMENT, "core 9999")
@@ -577,59 +584,163 @@ def test_bounds_hold_for_chain_targets_cores_and_child_rates(lab):
     assert gaming.ceil_bps == 100_000_000, "the kernel got the faster class"
 
 
+# Policy files the product ships (the engine's defaults and the loop's).
+ROOT_DIR = Path(__file__).resolve().parents[1]
+SHIPPED_POLICIES = [
+    *sorted((ROOT_DIR / "policy-engine/src/cgloop/policy/policies").glob("*.yaml")),
+    *sorted((ROOT_DIR / "loop/src/cgloop/loop/data/policies").glob("*.yaml")),
+]
+
+
+def shipped_chains(online: list[int]) -> list[tuple[str, na.ServiceChain]]:
+    """Every chain the shipped policies can order, CALVIN-placed as the engine places it
+    (calvin.place_service_chain). A set_chain policy names its chain literally: no template
+    field reaches the chain. Its free cores are an edge node's; on a machine without them the
+    placement gets this machine's cores (the core bound is tested on its own)."""
+    import yaml
+
+    out = []
+    for path in SHIPPED_POLICIES:
+        for p in yaml.safe_load(path.read_text()).get("policies", []):
+            action = p.get("action", {})
+            if action.get("operation") != "set_chain":
+                continue
+            params = action["parameters"]
+            cores = [c for c in params.get("free_cores", []) if c in online] or online[1:]
+            placed = calvin.place_service_chain(
+                [catalogue.function(f) for f in params["functions"]],
+                chain_id=params["chain_id"],
+                traffic_class=params["traffic_class"],
+                base_rtt_s=params.get("base_rtt_us", 0) * 1e-6,
+                free_cores=cores,
+                processing_s=[us * 1e-6 for us in params.get("processing_us", [])] or None,
+            )
+            out.append((f"{path.name}:{p['id']}", placed))
+    return out
+
+
+def test_every_chain_the_shipped_policies_order_passes_the_real_agents_dry_run(lab):
+    """issue 18: the shipped chain policy asked for nat, packet_filter and network_coding,
+    which the agent refuses as unknown; the tests passed because the fake accepted any name."""
+    stub = lab.stub()
+    apply(stub, lab)
+    online = sorted(os.sched_getaffinity(0))
+    chains = shipped_chains(online)
+    assert chains, "no shipped policy orders a chain: the test would prove nothing"
+    for where, placed in chains:
+        resp = stub.SetChain(
+            na.SetChainRequest(action_id=f"dry-{where}", dry_run=True, chain=placed), timeout=10
+        )
+        assert resp.outcome.dry_run, where
+    assert not stub.GetState(na.GetStateRequest(), timeout=10).state.chains, "dry run applied"
+
+
+def bad_chains(lab: Lab) -> dict[str, na.ServiceChain]:
+    """Chains the agent must refuse, one reason each (catalogue, CALVIN, bounds, state)."""
+    basic, adv = na.FUNCTION_KIND_BASIC, na.FUNCTION_KIND_ADVANCED
+    kind9 = fn("forward")
+    kind9.kind = 9
+    return {
+        "no function set": chain("gaming", na.ChainFunction()),
+        "mark without dscp or ecn": chain("gaming", fn({"mark": {}})),
+        "dscp 64": chain("gaming", fn({"mark": {"dscp": 64}})),
+        "port 70000": chain("gaming", fn({"acl": {"dst_port": 70000}})),
+        "rate 0": chain("gaming", fn({"rate_limit": {"burst_bytes": 3000}})),
+        "burst 10": chain("gaming", fn({"rate_limit": {"rate_bps": 1_000_000, "burst_bytes": 10}})),
+        "rate over the bounds": chain(
+            "gaming", fn({"rate_limit": {"rate_bps": 2_000_000_000, "burst_bytes": 3000}})
+        ),
+        "mirror to lo": chain("gaming", fn({"mirror": {"interface": "lo"}}, basic)),
+        "mirror to the peer": chain("gaming", fn({"mirror": {"interface": lab.if_b}})),
+        "mirror to no interface": chain("gaming", fn({"mirror": {}})),
+        "dpi without an action": chain("gaming", fn({"dpi": {"text": "GAME"}})),
+        "dpi without a pattern": chain("gaming", fn({"dpi": {"mark_dscp": 46}})),
+        "dpi pattern of 65 bytes": chain("gaming", fn({"dpi": {"text": "x" * 65, "drop": {}}})),
+        "dpi bad hex": chain("gaming", fn({"dpi": {"hex": "zz", "drop": {}}})),
+        "dpi depth 0": chain("gaming", fn({"dpi": {"text": "G", "depth": 0, "drop": {}}})),
+        "dpi in BPF": chain("gaming", fn({"dpi": {"text": "G", "drop": {}}}, basic)),
+        "acl in user space": chain("gaming", fn("acl", adv)),
+        "kind 9": chain("gaming", kind9),
+        "basic after advanced": chain(
+            "gaming", fn({"dpi": {"text": "G", "drop": {}}}), fn({"mark": {"dscp": 1}})
+        ),
+        "core 9999": chain("gaming", fn({"dpi": {"text": "x", "mark_dscp": 1}}, adv, 9999)),
+        "nine functions": chain("gaming", *[fn("forward")] * 9),
+        "no traffic class": chain("", fn("forward")),
+        "class no hierarchy has": chain("no-such-class", fn("forward")),
+    }
+
+
 def test_the_memory_agent_refuses_what_the_real_agent_refuses(lab):
-    """The policy engine's tests run against MemoryNodeAgent (cgloop.policy.testing): a double
-    that accepted what the real agent refuses hid a broken contract before. The same
-    out-of-bounds requests go to both, with the same bounds; both refuse each one with the
-    same status code, and both accept the one in bounds."""
+    """The policy engine's tests run against MemoryNodeAgent (cgloop.policy.fake_agent): a
+    double that accepted what the real agent refuses hid a broken contract before. The same
+    requests go to both, with the same bounds and queues: bad chains are refused by both with
+    the same status code and the same message, out-of-bounds class rates with the same code,
+    and the good requests (every shipped chain, a rate in bounds) are accepted by both, which
+    then report the same chains in GetState."""
     from cgloop.policy.testing import AgentBounds, AgentServer, MemoryNodeAgent
 
     real = lab.stub()
     apply(real, lab)
+    online = sorted(os.sched_getaffinity(0))
     fake_agent = MemoryNodeAgent(
-        "fake", bounds=AgentBounds(interfaces=[lab.if_a], max_rate_bps=1_000_000_000)
+        "fake",
+        bounds=AgentBounds(interfaces=[lab.if_a], max_rate_bps=1_000_000_000),
+        hierarchies=[hierarchy(lab.if_a)],  # what `apply` gave the real agent
     )
-    for q in real.GetState(na.GetStateRequest(), timeout=10).state.queues:
-        for c in q.classes:
-            fake_agent.state.classes[(lab.if_a, c.class_id)] = c
-    basic, adv = na.FUNCTION_KIND_BASIC, na.FUNCTION_KIND_ADVANCED
-    pinned = chain("gaming", ("dpi", adv, {"pattern": "x", "dscp": "1"}))
-    pinned.functions[0].core = 9999
 
     def rate(bps: int, iface: str = lab.if_a) -> na.SetClassRateRequest:
         return na.SetClassRateRequest(
             interface_name=iface, class_id=GAMING, rate_bps=bps, ceil_bps=bps)
 
-    requests = {  # name: (method, request, expected status)
-        "mirror to lo": ("SetChain", na.SetChainRequest(
-            chain=chain("gaming", ("mirror", basic, {"interface": "lo"}))),
-            grpc.StatusCode.PERMISSION_DENIED),
-        "mirror to the peer": ("SetChain", na.SetChainRequest(
-            chain=chain("gaming", ("mirror", basic, {"interface": lab.if_b}))),
-            grpc.StatusCode.PERMISSION_DENIED),
-        "core 9999": ("SetChain", na.SetChainRequest(chain=pinned),
-                      grpc.StatusCode.INVALID_ARGUMENT),
+    requests = {  # name: (method, request, expected status, same message)
         "child over its parent": ("SetClassRate", rate(500_000_000),
-                                  grpc.StatusCode.INVALID_ARGUMENT),
-        "below the minimum rate": ("SetClassRate", rate(1_000), grpc.StatusCode.OUT_OF_RANGE),
+                                  grpc.StatusCode.INVALID_ARGUMENT, False),
+        "below the minimum rate": ("SetClassRate", rate(1_000), grpc.StatusCode.OUT_OF_RANGE,
+                                   False),
         "interface out of bounds": ("SetClassRate", rate(10_000_000, "lo"),
-                                    grpc.StatusCode.PERMISSION_DENIED),
-        "in bounds": ("SetClassRate", rate(10_000_000), grpc.StatusCode.OK),
+                                    grpc.StatusCode.PERMISSION_DENIED, False),
+        "in bounds": ("SetClassRate", rate(10_000_000), grpc.StatusCode.OK, False),
     }
+    for name, bad in bad_chains(lab).items():
+        requests[name] = ("SetChain", na.SetChainRequest(chain=bad), None, True)
+    for where, good in shipped_chains(online):
+        requests[where] = ("SetChain", na.SetChainRequest(chain=good), grpc.StatusCode.OK, True)
     with AgentServer(fake_agent) as server:
         fake = node_agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(server.address))
-        for name, (method, request, expected) in requests.items():
-            codes = []
+        for name, (method, request, expected, same_message) in requests.items():
+            answers = []
             for who, stub in (("real", real), ("fake", fake)):
                 req = type(request)()
                 req.CopyFrom(request)
                 req.action_id = f"{who}-{name}"
                 try:
                     getattr(stub, method)(req, timeout=10)
-                    codes.append(grpc.StatusCode.OK)
+                    answers.append((grpc.StatusCode.OK, ""))
                 except grpc.RpcError as err:
-                    codes.append(err.code())
-            assert codes == [expected, expected], f"{name}: real, fake answered {codes}"
+                    answers.append((err.code(), err.details()))
+            (real_code, real_msg), (fake_code, fake_msg) = answers
+            if expected is None:  # a bad chain: refused, as the agent's validation refuses it
+                assert real_code in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                ), f"{name}: the real agent answered {real_code} {real_msg}"
+            else:
+                assert real_code == expected, f"{name}: real agent {real_code} {real_msg}"
+            assert fake_code == real_code, f"{name}: real {real_code}, fake {fake_code} {fake_msg}"
+            if same_message:
+                assert fake_msg == real_msg, f"{name}: real {real_msg!r}, fake {fake_msg!r}"
+        # What was applied reads back alike (the fake's GetState is what rollbacks compare).
+        got = [s.GetState(na.GetStateRequest(), timeout=10).state for s in (real, fake)]
+    for c in got[0].chains:
+        for f in c.functions:
+            f.packets = f.dropped_packets = 0
+    assert list(got[1].chains) == list(got[0].chains)
+    assert [(q.interface_name, q.default_class_id) for q in got[1].queues] == [
+        (q.interface_name, q.default_class_id) for q in got[0].queues
+    ]
 
 
 def test_mutual_tls_refuses_clients_without_a_lab_certificate(lab, tmp_path):
@@ -657,7 +768,7 @@ def test_restarted_agent_restores_the_journal_into_the_kernel(lab):
     apply(stub, lab)
     set_flow(stub, lab, "f1", 43000, 9300, GAMING)
     stub.SetChain(na.SetChainRequest(action_id="c1", chain=chain(
-        "gaming", ("mark", na.FUNCTION_KIND_BASIC, {"dscp": "10"}))), timeout=10)
+        "gaming", fn({"mark": {"dscp": 10}}, na.FUNCTION_KIND_BASIC))), timeout=10)
     # The journal is written behind the RPCs (group commit); GetState answers once every
     # change acknowledged before it is in the journal, so after it a crash loses nothing.
     stub.GetState(na.GetStateRequest(), timeout=10)
