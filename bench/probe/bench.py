@@ -16,7 +16,7 @@ printed with their targets and, where one applies, the ratio to the peer or floo
    the same with no monitor, all pinned to one CPU, so softflowd's AF_PACKET copies in softirq
    count; and per process), cgloop at 100 ms and 1 s sweeps vs softflowd, and an empty XDP
    program (the veth's XDP path), on a synthetic replay, a gaming-like mix and the real captures
-   of ../shared/data (l4s-tests BSD-2-Clause, nDPI LGPL-3.0; read there, not copied).
+   of the lab's data folder (l4s-tests BSD-2-Clause, nDPI LGPL-3.0; read there, not copied).
 4. Export rate: flow records per second of exporter CPU time with 100 k flows refreshed by a
    looping replay; with --baseline, interleaved with the baseline build.
 
@@ -49,7 +49,7 @@ from cgloop.testing import CLK_TCK, cpu_seconds
 PID = os.getpid()
 NS_A, NS_B = f"cgl-probe-bench-{PID}-a", f"cgl-probe-bench-{PID}-b"
 IF_A, IF_B = f"cba{PID}"[:15], f"cbb{PID}"[:15]
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data of the repo
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # the lab's data folder (docs/sources.md)
 
 
 def sh(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -153,7 +153,7 @@ def write_frames(path: Path, frames: list[tuple[float, bytes]]) -> None:
 
 
 def write_real_pcap(path: Path) -> list[str]:
-    """The real captures of ../shared/data that are classic Ethernet pcaps, one after the
+    """The real captures of the lab's data folder that are classic Ethernet pcaps, one after the
     other (each file's own order), frames above 1514 bytes left out (the veth MTU)."""
     used, frames, t0 = [], [], 0.0
     files = sorted(DATA.glob("l4s-tests/*.pcap.gz")) + sorted(DATA.glob("ndpi-pcaps/*.pcap"))
@@ -177,7 +177,7 @@ def write_gaming_pcap(path: Path, sessions: int, seconds: float, background: int
     (each frame a back-to-back burst of 6-20 packets of ~1200 bytes, marker on the last), a
     50 packet/s RTP audio stream and a 125 packet/s input stream of ~140 bytes upstream, plus
     `background` short UDP/TCP-like flows of 2-40 packets spread over the trace. Synthetic,
-    after the platform profiles in ../shared/domain.md 1 (no packet-level capture of a long
+    after the platform profiles of MOSAICO D234 §2.1 (no packet-level capture of a long
     cloud-gaming stream is available). Returns the number of flows."""
     rng = random.Random(seed)
     dst_mac = bytes.fromhex(mac_b.replace(":", ""))

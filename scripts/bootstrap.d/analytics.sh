@@ -2,7 +2,7 @@
 # analytics: create the model-signing key, then train the gaming-flow classifier once, so
 # `cgloop analytics run` has a signed model. Idempotent: does nothing when a model file exists
 # and verifies (hash, signature, format, features); an unsigned or foreign-signed one is retrained.
-# Skips quietly when the real data folder (../shared/data) is not on this machine.
+# Skips quietly when the real data folder (docs/sources.md) is not on this machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PATH="$HOME/.local/bin:$PATH"

@@ -1,4 +1,4 @@
-"""The pcap twin (`cgloop telemetry pcap`) on real captures from ../shared/data (heistp/l4s-tests,
+"""The pcap twin (`cgloop telemetry pcap`) on real captures in the lab's data folder (heistp/l4s-tests,
 BSD-2-Clause; ntop/nDPI test captures, LGPL-3.0), and on bad files. No root needed."""
 
 from __future__ import annotations

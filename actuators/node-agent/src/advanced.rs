@@ -1,4 +1,4 @@
-//! The user-space runtime of advanced (payload) chain functions (domain.md §4, CALVIN).
+//! The user-space runtime of advanced (payload) chain functions (CALVIN §III).
 //!
 //! ```text
 //! egress skb ─ cgl_classify ─ basic prefix (tail calls) ─ cgl_fn_to_user: src MAC := tag(slot, ifindex)

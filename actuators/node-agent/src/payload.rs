@@ -1,5 +1,5 @@
 //! Advanced ("payload") chain functions, run by the user-space worker behind AF_XDP
-//! (src/advanced.rs) on whole Ethernet frames (domain.md §4, CALVIN).
+//! (src/advanced.rs) on whole Ethernet frames (CALVIN §III: advanced functions in user space).
 //!
 //! The set is extensible: a function is declared in the catalogue (a message in
 //! `ChainFunction.function` with kind FUNCTION_KIND_ADVANCED), implements [`PayloadFn`] and

@@ -1,5 +1,5 @@
 //! Active probes: UDP echo with sequence numbers and send timestamps at randomised intervals
-//! (domain.md §6: periodic probes alias with periodic interference), answered by a cgloop
+//! (Gallenmüller thesis: periodic probes alias with periodic interference), answered by a cgloop
 //! reflector (`cgloop-node-agent reflect`, crate::reflect, which also has the packet layout).
 //! Each probe becomes a ProbeRecord; the session keeps
 //! RTT percentiles for GetState.

@@ -4,7 +4,7 @@
  * manager (reader, actuators/node-agent): per-network-function packet counters, pinned at
  *   /sys/fs/bpf/cgloop/fn_stats   BPF_MAP_TYPE_PERCPU_ARRAY, key __u32 fn index, value below
  *   /sys/fs/bpf/cgloop/if_fn      BPF_MAP_TYPE_HASH, key __u32 ifindex, value __u32 fn index
- * A "function" is a set of interfaces serving one network function (domain.md §5). Index 0 is
+ * A "function" is a set of interfaces serving one network function (X-MAN, Xiang thesis ch. 4). Index 0 is
  * "unassigned": traffic of interfaces not in if_fn is counted there. The reader sums the per-CPU
  * values (counters) and takes the maximum of last_ns. Layout changes bump CGLOOP_FN_STATS_ABI.
  */

@@ -1,6 +1,6 @@
 //! Configuration of the power module. Every X-MAN parameter is a named default here, with the
-//! place in the Xiang thesis (/work/shared/seeds/000_…, ch. 4) it comes from, or, where the
-//! thesis gives no value, why we chose ours (domain.md §5 asks for named, documented defaults).
+//! place in the Xiang thesis (ch. 4) it comes from, or, where the
+//! thesis gives no value, why we chose ours (a named, documented default).
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,7 +62,7 @@ pub const SYNTHETIC_STEP_KHZ: u32 = 100_000;
 /// Decisions kept in memory for `state()` and debugging.
 pub const DECISION_LOG_LEN: usize = 1024;
 
-/// Parameters of the X-MAN micro loop (thesis ch. 4; domain.md §5).
+/// Parameters of the X-MAN micro loop (Xiang thesis ch. 4).
 #[derive(Debug, Clone, PartialEq)]
 pub struct XmanParams {
     pub t_m_active: Duration,

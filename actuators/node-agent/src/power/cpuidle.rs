@@ -2,7 +2,7 @@
 //! "Idle States Control Via sysfs") under a configurable root laid out like
 //! `/sys/devices/system/cpu`: `cpuN/cpuidle/stateK/{name,latency,disable}`.
 //!
-//! "Forbidding C-states" on a core (domain.md §5: C1 sleep added +137 % latency) writes `1` to
+//! "Forbidding C-states" on a core (Xiang thesis §4.4: C1 sleep added +137 % latency) writes `1` to
 //! `disable` of every idle state of the core except the polling one (`POLL`, exit latency 0 on
 //! x86), so the idle loop spins in C0. Where the core has no `POLL` state (e.g. arm64, whose
 //! state0 is WFI), state0 is left enabled: it is the architecture's shallowest idle and the

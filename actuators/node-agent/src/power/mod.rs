@@ -1,5 +1,5 @@
-//! CPU P-states: the cpufreq sysfs backend and the X-MAN power manager (domain.md §5; Xiang
-//! thesis ch. 4 in /work/shared/seeds/000_…). docs/power.md explains the design and defaults.
+//! CPU P-states: the cpufreq sysfs backend and the X-MAN power manager (Xiang thesis
+//! ch. 4; docs/sources.md). docs/power.md explains the design and defaults.
 //!
 //! ```text
 //! probe (XDP/tc) ──pinned fn_stats──▶ CounterSource ──▶ PowerManager::step (every T_m)

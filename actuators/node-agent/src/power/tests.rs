@@ -1,5 +1,5 @@
 //! Power module tests: a fake sysfs tree laid out like the kernel's, every write checked, and
-//! X-MAN decisions on counter traces (domain.md §5).
+//! X-MAN decisions on counter traces (Xiang thesis ch. 4).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,5 @@
-//! X-MAN's per-function decision logic (Xiang thesis, /work/shared/seeds/000_…, §4.3.3
-//! Algorithm 1 and §4.3.4 X-MAN-FB; domain.md §5). Pure: it sees counters and a P-state table and
+//! X-MAN's per-function decision logic (Xiang thesis §4.3.3
+//! Algorithm 1 and §4.3.4 X-MAN-FB; docs/sources.md). Pure: it sees counters and a P-state table and
 //! says which P-state the function wants; the manager takes the maximum frequency over the
 //! functions of a core and enforces the dwell.
 //!

@@ -1,4 +1,4 @@
-"""Synthetic cloud-gaming traffic from the published platform profiles (domain.md §1).
+"""Synthetic cloud-gaming traffic from the published platform profiles (MOSAICO D234 §2.1).
 
 Everything generated here is marked synthetic (LabelledFlow.synthetic, dataset manifests and
 reports). Packets go through the same IntervalAccumulator as pcaps, so the records have the

@@ -1,4 +1,4 @@
-"""Importers: third-party data (../shared/data) and a synthetic loop scenario into the store.
+"""Importers: third-party data (the lab's data folder (docs/sources.md)) and a synthetic loop scenario into the store.
 
 * Xbox Cloud Gaming (dcomp-leris, BSD-3-Clause): `Features/exNN.csv` -> `flow_features`,
   labelled with the README's rule (the UDP flow pair with an Xbox Cloud Gaming server in

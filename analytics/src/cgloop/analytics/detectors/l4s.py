@@ -1,4 +1,4 @@
-"""L4S abuse in the low-latency queue (domain.md §2, MOSAICO §2.3.2).
+"""L4S abuse in the low-latency queue (MOSAICO D234 §2.3.2).
 
 Per flow direction, records are binned (default 0.5 s) and judged over a sliding window
 (default 5 s):

@@ -1,4 +1,4 @@
-"""Queue and node overload, ahead of time (domain.md §6: overload is the dominant effect).
+"""Queue and node overload, ahead of time (Gallenmüller thesis: overload is the dominant effect).
 
 Every subject (a switch queue from INT, a node, a network function) gets a utilisation series
 rho(t). With the capacity model R_max = (1 s - d_Σ) / t_CPU, a function's rho is its packet

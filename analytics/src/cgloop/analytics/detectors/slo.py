@@ -36,7 +36,7 @@ from cgloop.v1.flow_pb2 import FlowRecord
 
 @dataclass(frozen=True)
 class SloProfile:
-    """Per-platform service objectives (named defaults from domain.md §1, MOSAICO Table 2.1)."""
+    """Per-platform service objectives (named defaults from MOSAICO D234 Table 2.1)."""
 
     latency_ms: float = 60.0
     jitter_ms: float = 5.0

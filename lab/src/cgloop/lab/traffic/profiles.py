@@ -1,6 +1,6 @@
 """Traffic profiles: what each platform's session and each other application sends.
 
-Cloud-gaming numbers are MOSAICO D234 §2.1 (see /work/shared/domain.md §1): downstream RTP/UDP
+Cloud-gaming numbers are MOSAICO D234 §2.1 (docs/sources.md): downstream RTP/UDP
 video at the platform's nominal rate, 60 fps, every frame sent as one burst of MTU-sized
 packets; upstream client input every ~10 ms at ~420 kbit/s. Where the source gives a range
 (Stadia 25-30, Xbox Cloud 12-14 Mbit/s) the midpoint is the default.

@@ -1,4 +1,4 @@
-"""Power planner: the X-MAN parameters node agents get (Xiang thesis, seeds/000 ch. 4).
+"""Power planner: the X-MAN parameters node agents get (Xiang thesis ch. 4).
 
 The policy engine does not run X-MAN; the node agent's power manager does (micro loop). This
 planner decides, per node, which cores run which X-MAN mode within which frequency limits:

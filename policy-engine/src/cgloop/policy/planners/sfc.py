@@ -1,4 +1,4 @@
-"""SFC placement heuristics LB, LC and LBLC (Xiang thesis, seeds/000 §2.3, Fig. 2.2).
+"""SFC placement heuristics LB, LC and LBLC (Xiang thesis §2.3, Fig. 2.2).
 
 Nodes have a number of function slots; a chain is an ordered list of service functions (SFs).
 * LB (load balancing): each SF on the least-loaded node (processing latency only).
