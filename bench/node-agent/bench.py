@@ -173,9 +173,9 @@ def advanced_latency(lab: Lab, stub) -> dict[int, list[float]]:
     flow = lab.flow(47000, 9700)
     stub.SetFlowClass(na.SetFlowClassRequest(action_id="adv-f", rule=na.FlowClassRule(
         interface_name=lab.if_a, flow=flow, class_id=GAMING)), timeout=5)
-    mark = na.ChainFunction(name="mark", kind=na.FUNCTION_KIND_BASIC, params={"dscp": "10"})
-    dpi = na.ChainFunction(name="dpi", kind=na.FUNCTION_KIND_ADVANCED,
-                           params={"pattern": "GAMEINPUT", "dscp": "46"})
+    mark = na.ChainFunction(mark=na.Mark(dscp=10), kind=na.FUNCTION_KIND_BASIC)
+    dpi = na.ChainFunction(dpi=na.Dpi(text="GAMEINPUT", mark_dscp=46),
+                           kind=na.FUNCTION_KIND_ADVANCED)
     rx = OneWayReceiver(lab, 9700)
     out: dict[int, list[float]] = {0: [], 1: [], 2: []}
     per_round = max(50, ITERATIONS)
@@ -288,8 +288,7 @@ def run(lab: Lab) -> None:
 
         def swap_chain(i: int, dscp: int) -> None:
             chain = na.ServiceChain(chain_id="bench", traffic_class="gaming", functions=[
-                na.ChainFunction(name="mark", kind=na.FUNCTION_KIND_BASIC,
-                                 params={"dscp": str(dscp)}),
+                na.ChainFunction(mark=na.Mark(dscp=dscp), kind=na.FUNCTION_KIND_BASIC),
             ])
             stub.SetChain(na.SetChainRequest(action_id=f"c{i}", chain=chain), timeout=5)
 
