@@ -49,7 +49,7 @@ from cgloop.testing import CLK_TCK, cpu_seconds
 PID = os.getpid()
 NS_A, NS_B = f"cgl-probe-bench-{PID}-a", f"cgl-probe-bench-{PID}-b"
 IF_A, IF_B = f"cba{PID}"[:15], f"cbb{PID}"[:15]
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # the lab's data folder (docs/sources.md)
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # docs/sources.md: the data folder
 
 
 def sh(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -39,7 +39,7 @@ def test_validate_refuses_bad_values_and_non_utf8_files_in_one_line(
     dscp.write_text(head + "  parameters: {class_id: 0x10010, rewrite_dscp: 99}\n")
     res = run_cgloop("policy", "validate", str(dscp))
     assert res.returncode == 1
-    want = f"{dscp}:6: action.parameters.rewrite_dscp: Input should be less than or equal to 63"
+    want = f"{dscp}:6: action.parameters.rewrite_dscp: should be within 0..63"
     assert want in res.stderr.replace("\n", "")
     latin = tmp_path / "latin1.yaml"
     latin.write_bytes(head.encode() + "  # caf\xe9\n".encode("latin-1"))

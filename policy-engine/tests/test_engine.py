@@ -21,6 +21,7 @@ from cgloop.policy.testing import (
 )
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
+from cgloop.v1 import node_agent_pb2 as na
 
 MS = 1_000_000
 
@@ -97,11 +98,14 @@ def test_detection_becomes_a_grpc_call_and_an_audit_trail(agent: AgentServer) ->
     assert action.policy_id == "gaming" and action.level == apb.ACTION_LEVEL_MICRO
     assert action.target.node_id == "node-a" and action.target.interface_name == "veth0"
     assert action.target.flow == det.flow
-    assert dict(action.parameters) == {"class_id": str(0x10010), "rewrite_dscp": "46"}
+    assert action.WhichOneof("spec") == "reprioritise_flow" and not action.parameters
+    assert action.reprioritise_flow == apb.ReprioritiseFlowAction(class_id=0x10010, rewrite_dscp=46)
     assert action.expected_effect.metric == "probe.p99_rtt_ns"
     applied = events[1].result
     assert applied.applied_ns > 0 and applied.detection_to_apply_ns > 0
-    assert dict(applied.previous_parameters) == {"absent": "true"}
+    # The flow had no rule: the typed previous state says so (no class).
+    assert applied.previous == apb.PreviousState(flow_class=apb.PreviousFlowClass())
+    assert not applied.previous_parameters
     # What reached the agent over gRPC:
     assert agent.agent.calls == [("SetFlowClass", action.id)]
     (rule,) = agent.agent.state.flow_rules.values()
@@ -161,9 +165,11 @@ def test_verification_rolls_back_an_action_that_made_latency_worse(agent: AgentS
     assert result.verification.latency_after.p99_ns == 80 * MS
     assert "worse" in result.message
     assert rb_result.action_id == rollback.id
-    # The flow had no rule: rollback sent it to the interface's default class over gRPC.
-    assert [m for m, _ in agent.agent.calls] == ["SetFlowClass", "GetState", "SetFlowClass"]
+    # The flow had no rule: the rollback removed the one the action added (class 0).
+    assert [m for m, _ in agent.agent.calls] == ["SetFlowClass", "SetFlowClass"]
     assert agent.agent.calls[-1][1] == rollback.id
+    assert rollback.rollback == apb.PreviousState(flow_class=apb.PreviousFlowClass())
+    assert agent.agent.state.flow_rules == {}
     assert engine.stats.rolled_back == 1
 
 
@@ -286,7 +292,7 @@ id: rate
 match: {kinds: [classic_queue_burst], subject: queue}
 action:
   operation: set_class_rate
-  parameters: {class_id: 0x10030, rate_bps: 50000000}
+  parameters: {class_id: 0x10090, rate_bps: 50000000}
 """
     )
     engine, _ = make_engine(agent, [rate], clock)
@@ -299,7 +305,7 @@ action:
     )
     events = engine.handle(dpb.DetectionBatch(records=[det]))
     assert states(events) == ["action:PROPOSED", "FAILED"]
-    assert "NOT_FOUND" in events[1].result.message and "0x10030" in events[1].result.message
+    assert "NOT_FOUND" in events[1].result.message and "1:90" in events[1].result.message
     # Unknown node: failed, naming the node.
     det2 = detection(
         clock(),
@@ -368,10 +374,11 @@ def test_shipped_power_and_chain_policies_reach_the_agent(agent: AgentServer) ->
     engine.approve(events[0].action.id)
     assert states(engine.drain()) == ["APPLIED", "VERIFIED"]
     chain = agent.agent.state.chains["gaming"]
-    assert [(f.name, f.kind, f.core) for f in chain.functions] == [
-        ("nat", 2, 0),
-        ("packet_filter", 2, 0),
-        ("network_coding", 3, 2),
+    # CALVIN-placed: basic functions in BPF, the advanced one on a free core of its own.
+    assert [(f.WhichOneof("function"), f.kind, f.core) for f in chain.functions] == [
+        ("acl", na.FUNCTION_KIND_BASIC, 0),
+        ("mark", na.FUNCTION_KIND_BASIC, 0),
+        ("dpi", na.FUNCTION_KIND_ADVANCED, 2),
     ]
 
 

@@ -22,7 +22,7 @@ def pol(**guards: object) -> model.Policy:
 def prop(
     p: model.Policy, target: str = "node=a", op: str = "set_class_rate", n: int = 0, **kw: object
 ) -> Proposal:
-    params = kw.pop("parameters", {"rate_bps": "10"})
+    params = kw.pop("parameters", {"rate_bps": 10.0})
     return Proposal(f"id{n}", p, model.Operation(op), target, params, **kw)  # type: ignore[arg-type]
 
 
@@ -46,11 +46,10 @@ def test_blacklist_blocks_listed_node_device_address_only() -> None:
 def test_bounds_block_out_of_range_values_only() -> None:
     p = pol(bounds={"rate_bps": {"min": 5, "max": 100}})
     book = GuardBook()
-    assert "below the minimum" in book.check(prop(p, parameters={"rate_bps": "4"}), T0).reason
-    assert "above the maximum" in book.check(prop(p, parameters={"rate_bps": "101"}), T0).reason
-    assert book.check(prop(p, parameters={"rate_bps": "100"}), T0) is None
-    assert book.check(prop(p, parameters={"ceil_bps": "1"}), T0) is None  # other parameter
-    assert book.check(prop(p, parameters={"rate_bps": "fast"}), T0).guard == "bounds"
+    assert "below the minimum" in book.check(prop(p, parameters={"rate_bps": 4}), T0).reason
+    assert "above the maximum" in book.check(prop(p, parameters={"rate_bps": 101}), T0).reason
+    assert book.check(prop(p, parameters={"rate_bps": 100}), T0) is None
+    assert book.check(prop(p, parameters={"ceil_bps": 1}), T0) is None  # other parameter
 
 
 def test_one_action_in_flight_per_target() -> None:

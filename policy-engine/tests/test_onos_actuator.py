@@ -17,10 +17,18 @@ from cgloop.v1 import action_pb2 as apb
 onos = pytest.importorskip("cgloop.actuators.onos")
 
 
-def action(**params: str) -> apb.Action:
+def action(**params: object) -> apb.Action:
     a = apb.Action(id="a1", operation=apb.ACTION_OPERATION_ONOS_FLOW_RULE)
     a.target.device_id = "of:0000000000000001"
     a.target.flow.CopyFrom(flow())
+    a.onos_flow_rule.CopyFrom(apb.OnosFlowRuleAction(priority=40000, **params))
+    return a
+
+
+def old_action(**params: str) -> apb.Action:
+    """As engines wrote it before typed actions: a map of text parameters."""
+    a = action()
+    a.ClearField("onos_flow_rule")
     a.parameters.update({"priority": "40000", **params})
     return a
 
@@ -38,14 +46,19 @@ def test_flow_rule_round_trip_through_the_driver() -> None:
 
     client = onos.OnosClient(transport=httpx.MockTransport(handler))
     act = OnosActuator(client)
-    applied = act.apply(action(queue_id="1", output_port="2"))
-    assert applied.previous == {"device_id": "of:0000000000000001", "flow_id": "77"}
+    applied = act.apply(action(queue_id=1, output_port="2"))
+    assert applied.previous.onos_flow_rule == apb.InstalledFlowRule(
+        device_id="of:0000000000000001", flow_id="77"
+    )
     body = json.loads(seen[0].content)
     types = [c["type"] for c in body["selector"]["criteria"]]
     assert types == ["ETH_TYPE", "IPV4_SRC", "IPV4_DST", "IP_PROTO", "UDP_SRC", "UDP_DST"]
     assert body["treatment"]["instructions"][0]["type"] == "QUEUE"
     act.rollback(action(), "rb", applied.previous)
     assert seen[-1].method == "DELETE" and seen[-1].url.path.endswith("/77")
+    # An old action (parameter map) still makes the same rule.
+    act.apply(old_action(queue_id="1", output_port="2"))
+    assert json.loads(seen[-1].content) == body
 
 
 def test_bad_requests_fail_with_reasons() -> None:

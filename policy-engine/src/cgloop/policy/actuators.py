@@ -5,9 +5,12 @@ gRPC API (cgloop.v1.NodeAgentService) for micro-loop operations, `OnosActuator` 
 switch operations to the ONOS driver (cgloop.actuators.onos) when it is installed, and
 `NotifyActuator` changes nothing. `Router` picks one per operation.
 
+Each actuator dispatches on the action's typed parameters (the member of `Action.spec`, or an
+old action's parameter map read into the same message by `parameters.spec_of`) and returns the
+state it replaced as a typed `PreviousState`; a rollback restores exactly that state.
+
 Every request carries the action id as its idempotency key, so re-sending an action after a
-restart cannot apply it twice (the agent answers `replayed`). The previous value returned by
-the agent is kept in `previous_parameters` and is what a rollback re-applies, under a new id.
+restart cannot apply it twice (the agent answers `replayed`). A rollback goes under its own id.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 from typing import Protocol
 
 import grpc
+from cgloop.policy import parameters
 from cgloop.policy.detections import addr_text
-from cgloop.policy.planners import calvin, power
+from cgloop.policy.planners import calvin, catalogue, power
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
@@ -37,7 +41,8 @@ class ActuatorError(RuntimeError):
 class Applied:
     applied_ns: int
     apply_latency_ns: int
-    previous: dict[str, str] = field(default_factory=dict)
+    # What the action replaced (empty: nothing to roll back).
+    previous: apb.PreviousState = field(default_factory=apb.PreviousState)
     changed: bool = True
     replayed: bool = False
     message: str = ""
@@ -47,111 +52,78 @@ class Actuator(Protocol):
     def apply(self, action: apb.Action) -> Applied: ...
 
     def rollback(
-        self, action: apb.Action, rollback_id: str, previous: Mapping[str, str]
+        self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
         """Restore `previous` (what `apply` returned) under the idempotency key `rollback_id`."""
         ...
+
+
+def spec(action: apb.Action):  # -> the operation's message
+    """The action's typed parameters; an old action whose map does not fit fails here."""
+    try:
+        return parameters.spec_of(action)
+    except parameters.ParameterError as exc:
+        raise ActuatorError(str(exc)) from None
 
 
 class NotifyActuator:
     """Changes nothing; the action record on the actions topic is the notification."""
 
     def apply(self, action: apb.Action) -> Applied:
-        now = time.time_ns()
-        return Applied(now, 0, {}, changed=False, message="notified")
+        return Applied(time.time_ns(), 0, changed=False, message="notified")
 
     def rollback(
-        self, action: apb.Action, rollback_id: str, previous: Mapping[str, str]
+        self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
-        return Applied(time.time_ns(), 0, {}, changed=False, message="nothing to roll back")
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x, 0) for x in text.split(",") if x.strip()]
-
-
-def _int(params: Mapping[str, str], name: str, default: int | None = None) -> int:
-    if name not in params:
-        if default is None:
-            raise ActuatorError(f"parameter {name} is missing")
-        return default
-    try:
-        return int(params[name], 0)
-    except ValueError:
-        raise ActuatorError(f"parameter {name}={params[name]!r} is not an integer") from None
+        return Applied(time.time_ns(), 0, changed=False, message="nothing to roll back")
 
 
 XMAN = {
-    "off": na.XMAN_MODE_OFF,
-    "load": na.XMAN_MODE_LOAD,
-    "feedback": na.XMAN_MODE_FEEDBACK,
-    "pinned_max": na.XMAN_MODE_PINNED_MAX,
+    name: i
+    for i, name in enumerate(["unspecified", *parameters.enum_names(na.XmanMode.DESCRIPTOR)])
 }
-XMAN_NAME = {v: k for k, v in XMAN.items()}
 
 
-def chain_from_parameters(params: Mapping[str, str], free_cores: list[int]) -> calvin.Placement:
-    """CALVIN-place the chain an action asks for (admission control included)."""
-    functions = []
-    for item in params["functions"].split(","):
-        name, _, us = item.strip().partition(":")
-        traits = calvin.KNOWN_FUNCTIONS.get(name)
-        if traits is None:
-            raise ActuatorError(
-                f"function {name!r} is not in the CALVIN table "
-                f"({', '.join(calvin.KNOWN_FUNCTIONS)})"
-            )
-        functions.append(calvin.ChainFunctionRequest(traits, float(us or 0) * 1e-6))
-    request = calvin.ChainRequest(
-        params["chain_id"],
-        params["traffic_class"],
-        tuple(functions),
-        base_rtt_s=float(params.get("base_rtt_us", "0")) * 1e-6,
-    )
-    return calvin.place_chain(request, free_cores)
+def place_chain(s: apb.SetChainAction) -> na.ServiceChain:
+    """The chain CALVIN-placed (admission control included): each function's kind from the
+    catalogue, a core of its own for each advanced one."""
+    try:
+        return calvin.place_service_chain(
+            list(s.functions),
+            chain_id=s.chain_id,
+            traffic_class=s.traffic_class,
+            base_rtt_s=s.base_rtt_us * 1e-6,
+            free_cores=list(s.free_cores),
+            processing_s=[us * 1e-6 for us in s.processing_us] if s.processing_us else None,
+        )
+    except (catalogue.CatalogueError, calvin.AdmissionRefused, ValueError) as exc:
+        raise ActuatorError(f"set_chain {s.chain_id}: {exc}") from None
 
 
-def power_plan(params: Mapping[str, str]) -> list[power.CorePolicy]:
-    return power.plan_power(
-        _ints(params["cores"]),
-        _ints(params.get("latency_critical", "")),
-        _int(params, "min_frequency_khz"),
-        _int(params, "max_frequency_khz"),
-        params.get("xman_mode", "load"),
-    )
-
-
-def _power_text(p: na.PowerPolicy) -> str:
-    mode = XMAN_NAME.get(p.xman_mode, "off")
-    return (
-        f"cores={','.join(map(str, p.cores))};governor={p.governor};"
-        f"min={p.min_frequency_khz};max={p.max_frequency_khz};mode={mode};"
-        f"cstates={'forbid' if p.forbid_cstates else 'allow'}"
-    )
-
-
-def _power_from_text(text: str) -> na.PowerPolicy:
-    f = dict(kv.split("=", 1) for kv in text.split(";"))
-    return na.PowerPolicy(
-        cores=_ints(f["cores"]),
-        governor=f["governor"],
-        min_frequency_khz=int(f["min"]),
-        max_frequency_khz=int(f["max"]),
-        xman_mode=XMAN.get(f["mode"], na.XMAN_MODE_OFF),
-        forbid_cstates=f.get("cstates", "allow") == "forbid",
-    )
-
-
-def _chain_text(chain: na.ServiceChain) -> str:
-    return ",".join(f"{fn.name}:{fn.kind}:{fn.core}" for fn in chain.functions)
-
-
-def _chain_from_text(chain_id: str, traffic_class: str, text: str) -> na.ServiceChain:
-    functions = []
-    for item in filter(None, text.split(",")):
-        name, kind, core = item.split(":")
-        functions.append(na.ChainFunction(name=name, kind=int(kind), core=int(core)))
-    return na.ServiceChain(chain_id=chain_id, traffic_class=traffic_class, functions=functions)
+def power_policies(s: apb.SetPowerPolicyAction) -> list[na.PowerPolicy]:
+    """The X-MAN plan of a set_power_policy: one policy per group of cores set alike."""
+    mode = s.xman_mode or na.XMAN_MODE_LOAD
+    try:
+        plan = power.plan_power(
+            s.cores,
+            s.latency_critical,
+            s.min_frequency_khz,
+            s.max_frequency_khz,
+            na.XmanMode.Name(mode).removeprefix("XMAN_MODE_").lower(),
+        )
+    except ValueError as exc:
+        raise ActuatorError(f"set_power_policy: {exc}") from None
+    return [
+        na.PowerPolicy(
+            cores=list(cp.cores),
+            governor=s.governor if s.HasField("governor") else cp.governor,
+            min_frequency_khz=cp.min_frequency_khz,
+            max_frequency_khz=cp.max_frequency_khz,
+            xman_mode=XMAN[cp.xman_mode],
+            forbid_cstates=not cp.allow_cstates,
+        )
+        for cp in plan
+    ]
 
 
 def agent_credentials(tls_dir: Path) -> grpc.ChannelCredentials:
@@ -242,7 +214,7 @@ class NodeAgentActuator:
             ) from None
 
     @staticmethod
-    def _outcome(o: na.ApplyOutcome, previous: dict[str, str]) -> Applied:
+    def _outcome(o: na.ApplyOutcome, previous: apb.PreviousState) -> Applied:
         return Applied(
             applied_ns=o.applied_ns or time.time_ns(),
             apply_latency_ns=o.apply_latency_ns,
@@ -253,128 +225,136 @@ class NodeAgentActuator:
         )
 
     def apply(self, action: apb.Action) -> Applied:
-        return self._send(action, action.id, dict(action.parameters), rollback=False)
+        s = spec(action)
+        node, key, dry = action.target.node_id, action.id, action.dry_run
+        if isinstance(s, apb.ReprioritiseFlowAction):
+            rule = na.FlowClassRule(
+                interface_name=action.target.interface_name,
+                flow=action.target.flow,
+                class_id=s.class_id,
+            )
+            if s.HasField("rewrite_dscp"):
+                rule.rewrite_dscp = s.rewrite_dscp
+            return self._flow_class(node, key, dry, rule)
+        if isinstance(s, apb.SetClassRateAction):
+            return self._class_rate(
+                node,
+                key,
+                dry,
+                action.target.interface_name,
+                s.class_id,
+                s.rate_bps,
+                s.ceil_bps if s.HasField("ceil_bps") else s.rate_bps,
+            )
+        if isinstance(s, apb.SetChainAction):
+            return self._chain(node, key, dry, place_chain(s))
+        if isinstance(s, apb.SetPowerPolicyAction):
+            return self._power(node, key, dry, power_policies(s))
+        raise ActuatorError(
+            f"the node agent does not do {apb.ActionOperation.Name(action.operation)}"
+        )
 
     def rollback(
-        self, action: apb.Action, rollback_id: str, previous: Mapping[str, str]
+        self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
-        return self._send(action, rollback_id, dict(previous), rollback=True)
-
-    def _send(
-        self, action: apb.Action, key: str, params: dict[str, str], rollback: bool
-    ) -> Applied:
-        t = action.target
-        node = t.node_id
-        op = action.operation
-        if op == OP.ACTION_OPERATION_REPRIORITISE_FLOW:
-            if rollback and params.get("absent") == "true":
-                # The flow had no rule: send it back to the interface's default class.
-                state = self._call(node, "GetState", na.GetStateRequest()).state
-                default = next(
-                    (
-                        q.default_class_id
-                        for q in state.queues
-                        if q.interface_name == t.interface_name
-                    ),
-                    0,
-                )
-                params = {"class_id": str(default)}
+        node, t = action.target.node_id, action.target
+        which = previous.WhichOneof("state")
+        if which == "flow_class":
+            p = previous.flow_class
+            # No rule before: class_id 0 removes the rule the action added.
             rule = na.FlowClassRule(
-                interface_name=t.interface_name, flow=t.flow, class_id=_int(params, "class_id")
+                interface_name=t.interface_name, flow=t.flow, class_id=p.class_id
             )
-            if "rewrite_dscp" in params:
-                rule.rewrite_dscp = _int(params, "rewrite_dscp")
+            if p.HasField("rewrite_dscp"):
+                rule.rewrite_dscp = p.rewrite_dscp
+            return self._flow_class(node, rollback_id, action.dry_run, rule)
+        if which == "class_rate":
+            p = previous.class_rate
+            return self._class_rate(
+                node,
+                rollback_id,
+                action.dry_run,
+                t.interface_name,
+                p.class_id,
+                p.rate_bps,
+                p.ceil_bps,
+            )
+        if which == "chain":
+            p = previous.chain
+            chain = (
+                p.chain
+                if p.HasField("chain")
+                # No chain before: an empty one (the class bypasses functions).
+                else na.ServiceChain(chain_id=p.chain_id, traffic_class=p.traffic_class)
+            )
+            return self._chain(node, rollback_id, action.dry_run, chain)
+        if which == "power_policies":
+            return self._power(
+                node, rollback_id, action.dry_run, list(previous.power_policies.policies)
+            )
+        raise ActuatorError(
+            f"cannot roll back {apb.ActionOperation.Name(action.operation)} on the node agent: "
+            f"no previous state recorded ({which or 'none'})"
+        )
+
+    def _flow_class(self, node: str, key: str, dry: bool, rule: na.FlowClassRule) -> Applied:
+        resp = self._call(
+            node, "SetFlowClass", na.SetFlowClassRequest(action_id=key, dry_run=dry, rule=rule)
+        )
+        prev = apb.PreviousFlowClass()  # no class: the flow had no rule
+        if resp.HasField("previous"):
+            prev.class_id = resp.previous.class_id
+            if resp.previous.HasField("rewrite_dscp"):
+                prev.rewrite_dscp = resp.previous.rewrite_dscp
+        return self._outcome(resp.outcome, apb.PreviousState(flow_class=prev))
+
+    def _class_rate(
+        self, node: str, key: str, dry: bool, interface: str, class_id: int, rate: int, ceil: int
+    ) -> Applied:
+        resp = self._call(
+            node,
+            "SetClassRate",
+            na.SetClassRateRequest(
+                action_id=key,
+                dry_run=dry,
+                interface_name=interface,
+                class_id=class_id,
+                rate_bps=rate,
+                ceil_bps=ceil,
+            ),
+        )
+        prev = apb.PreviousClassRate(
+            class_id=resp.previous.class_id or class_id,
+            rate_bps=resp.previous.rate_bps,
+            ceil_bps=resp.previous.ceil_bps,
+        )
+        return self._outcome(resp.outcome, apb.PreviousState(class_rate=prev))
+
+    def _chain(self, node: str, key: str, dry: bool, chain: na.ServiceChain) -> Applied:
+        resp = self._call(
+            node, "SetChain", na.SetChainRequest(action_id=key, dry_run=dry, chain=chain)
+        )
+        prev = apb.PreviousChain(chain_id=chain.chain_id, traffic_class=chain.traffic_class)
+        if resp.HasField("previous"):
+            prev.chain.CopyFrom(resp.previous)
+        return self._outcome(resp.outcome, apb.PreviousState(chain=prev))
+
+    def _power(self, node: str, key: str, dry: bool, policies: list[na.PowerPolicy]) -> Applied:
+        prev = apb.PreviousPowerPolicies()
+        outcome = None
+        for i, pol in enumerate(policies):
             resp = self._call(
                 node,
-                "SetFlowClass",
-                na.SetFlowClassRequest(action_id=key, dry_run=action.dry_run, rule=rule),
-            )
-            prev = {"absent": "true"}
-            if resp.HasField("previous"):
-                prev = {"class_id": str(resp.previous.class_id)}
-                if resp.previous.HasField("rewrite_dscp"):
-                    prev["rewrite_dscp"] = str(resp.previous.rewrite_dscp)
-            return self._outcome(resp.outcome, prev)
-        if op == OP.ACTION_OPERATION_SET_CLASS_RATE:
-            rate = _int(params, "rate_bps")
-            resp = self._call(
-                node,
-                "SetClassRate",
-                na.SetClassRateRequest(
-                    action_id=key,
-                    dry_run=action.dry_run,
-                    interface_name=t.interface_name,
-                    class_id=_int(params, "class_id"),
-                    rate_bps=rate,
-                    ceil_bps=_int(params, "ceil_bps", rate),
+                "SetPowerPolicy",
+                na.SetPowerPolicyRequest(
+                    action_id=f"{key}/{i}" if i else key, dry_run=dry, policy=pol
                 ),
             )
-            prev = {
-                "class_id": str(resp.previous.class_id or _int(params, "class_id")),
-                "rate_bps": str(resp.previous.rate_bps),
-                "ceil_bps": str(resp.previous.ceil_bps),
-            }
-            return self._outcome(resp.outcome, prev)
-        if op == OP.ACTION_OPERATION_SET_CHAIN:
-            if rollback:
-                chain = _chain_from_text(
-                    params["chain_id"], params["traffic_class"], params.get("functions", "")
-                )
-            else:
-                placement = chain_from_parameters(params, _ints(params.get("free_cores", "")))
-                if not placement.admitted:
-                    raise ActuatorError("CALVIN admission refused: " + "; ".join(placement.reasons))
-                chain = na.ServiceChain(
-                    chain_id=placement.chain_id,
-                    traffic_class=placement.traffic_class,
-                    functions=[
-                        na.ChainFunction(name=f.name, kind=int(f.kind), core=f.core or 0)
-                        for f in placement.functions
-                    ],
-                )
-            resp = self._call(
-                node,
-                "SetChain",
-                na.SetChainRequest(action_id=key, dry_run=action.dry_run, chain=chain),
-            )
-            # An absent previous chain rolls back to an empty chain (the class bypasses functions).
-            prev = {
-                "chain_id": chain.chain_id,
-                "traffic_class": chain.traffic_class,
-                "functions": _chain_text(resp.previous) if resp.HasField("previous") else "",
-            }
-            return self._outcome(resp.outcome, prev)
-        if op == OP.ACTION_OPERATION_SET_POWER_POLICY:
-            if rollback:
-                policies = [_power_from_text(v) for k, v in sorted(params.items())]
-            else:
-                policies = [
-                    na.PowerPolicy(
-                        cores=list(cp.cores),
-                        governor=params.get("governor", cp.governor),
-                        min_frequency_khz=cp.min_frequency_khz,
-                        max_frequency_khz=cp.max_frequency_khz,
-                        xman_mode=XMAN[cp.xman_mode],
-                        forbid_cstates=not cp.allow_cstates,
-                    )
-                    for cp in power_plan(params)
-                ]
-            prev: dict[str, str] = {}
-            outcome = None
-            for i, pol in enumerate(policies):
-                resp = self._call(
-                    node,
-                    "SetPowerPolicy",
-                    na.SetPowerPolicyRequest(
-                        action_id=f"{key}/{i}" if i else key, dry_run=action.dry_run, policy=pol
-                    ),
-                )
-                for p in resp.previous:
-                    prev[f"policy.{len(prev)}"] = _power_text(p)
-                outcome = resp.outcome
-            assert outcome is not None
-            return self._outcome(outcome, prev)
-        raise ActuatorError(f"the node agent does not do {apb.ActionOperation.Name(op)}")
+            prev.policies.extend(resp.previous)
+            outcome = resp.outcome
+        if outcome is None:
+            raise ActuatorError("set_power_policy: no cores to set")
+        return self._outcome(outcome, apb.PreviousState(power_policies=prev))
 
 
 class OnosActuator:
@@ -407,7 +387,9 @@ class OnosActuator:
     def flow_rule(self, action: apb.Action):
         onos = self._onos()
         ft = action.target.flow
-        params = dict(action.parameters)
+        s = spec(action)
+        if not isinstance(s, apb.OnosFlowRuleAction):
+            raise ActuatorError(f"not an onos_flow_rule action: {type(s).__name__}")
         if not action.target.device_id:
             raise ActuatorError("onos_flow_rule needs target.device_id (e.g. of:0000000000000001)")
         criteria: list[object] = [onos.EthTypeCriterion(ethType=0x0800)]
@@ -428,22 +410,19 @@ class OnosActuator:
                 onos.TcpDstCriterion(tcpPort=ft.dst_port),
             ]
         instructions: list[object] = []
-        if "queue_id" in params:
-            instructions.append(
-                onos.QueueInstruction(
-                    queueId=_int(params, "queue_id"), port=params.get("output_port")
-                )
-            )
-        elif "output_port" in params:
-            instructions.append(onos.OutputInstruction(port=params["output_port"]))
-        timeout = _int(params, "timeout_s", 0)
+        port = s.output_port if s.HasField("output_port") else None
+        if s.HasField("queue_id"):
+            instructions.append(onos.QueueInstruction(queueId=s.queue_id, port=port))
+        elif port is not None:
+            instructions.append(onos.OutputInstruction(port=port))
+        timeout = s.timeout_s
         try:
             return onos.FlowRule(
-                priority=_int(params, "priority"),
+                priority=s.priority,
                 deviceId=action.target.device_id,
                 timeout=timeout,
                 isPermanent=timeout == 0,
-                appId=params.get("app_id"),
+                appId=s.app_id if s.HasField("app_id") else None,
                 selector=onos.Selector(criteria=criteria),
                 treatment=onos.Treatment(instructions=instructions),
             )
@@ -459,7 +438,7 @@ class OnosActuator:
         rule = self.flow_rule(action)
         start = time.monotonic_ns()
         if action.dry_run:
-            return Applied(time.time_ns(), 0, {}, changed=False, message="dry run: rule validated")
+            return Applied(time.time_ns(), 0, changed=False, message="dry run: rule validated")
         try:
             ref = self.client().install_flow(rule)
         except Exception as exc:  # the driver's OnosError family; never crash the loop
@@ -467,24 +446,29 @@ class OnosActuator:
         return Applied(
             time.time_ns(),
             time.monotonic_ns() - start,
-            {"device_id": ref.device_id, "flow_id": str(ref.flow_id)},
+            apb.PreviousState(
+                onos_flow_rule=apb.InstalledFlowRule(
+                    device_id=ref.device_id, flow_id=str(ref.flow_id)
+                )
+            ),
             message=f"flow {ref.flow_id} on {ref.device_id}",
         )
 
     def rollback(
-        self, action: apb.Action, rollback_id: str, previous: Mapping[str, str]
+        self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
+        if previous.WhichOneof("state") != "onos_flow_rule":
+            raise ActuatorError("cannot roll back: no installed ONOS flow rule recorded")
         start = time.monotonic_ns()
         onos = self._onos()
+        installed = previous.onos_flow_rule
         try:
             self.client().remove_flow(
-                onos.FlowRef(device_id=previous["device_id"], flow_id=previous["flow_id"])
+                onos.FlowRef(device_id=installed.device_id, flow_id=installed.flow_id)
             )
-        except KeyError as exc:
-            raise ActuatorError(f"cannot roll back: no {exc} in previous parameters") from None
         except Exception as exc:
             raise ActuatorError(f"ONOS remove_flow: {exc}") from None
-        return Applied(time.time_ns(), time.monotonic_ns() - start, {}, message="flow removed")
+        return Applied(time.time_ns(), time.monotonic_ns() - start, message="flow removed")
 
 
 class Router:
@@ -515,6 +499,6 @@ class Router:
         return self._pick(action).apply(action)
 
     def rollback(
-        self, action: apb.Action, rollback_id: str, previous: Mapping[str, str]
+        self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
         return self._pick(action).rollback(action, rollback_id, previous)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.policy import detections as dets
+from cgloop.policy import parameters
 from cgloop.policy.actuators import Actuator, ActuatorError, Applied
 from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
 from cgloop.policy.journal import FINAL, Entry, Journal
@@ -45,14 +46,6 @@ VERDICT = {Verdict.WORSE: apb.VERDICT_WORSE, Verdict.NO_EFFECT: apb.VERDICT_NO_E
 
 class MissingLabel(ValueError):
     pass
-
-
-def _param_text(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value)
 
 
 @dataclass
@@ -150,13 +143,14 @@ class Engine:
             detection_to_apply_ns=prev.detection_to_apply_ns if prev else 0,
         )
         if prev is not None:
+            # The rollback state rides on every later result (an action applied before typed
+            # results existed keeps its old map, still read by a rollback after a restart).
+            if prev.HasField("previous"):
+                result.previous.CopyFrom(prev.previous)
             result.previous_parameters.update(prev.previous_parameters)
         for k, v in fields.items():
-            if k == "previous_parameters":
-                result.previous_parameters.clear()
-                result.previous_parameters.update(v)  # type: ignore[arg-type]
-            elif k == "verification":
-                result.verification.CopyFrom(v)  # type: ignore[arg-type]
+            if k in ("previous", "verification"):
+                getattr(result, k).CopyFrom(v)
             else:
                 setattr(result, k, v)
         entry.result = result
@@ -367,9 +361,23 @@ class Engine:
             parts.append(f"queue={target.queue_id}")
         return ";".join(parts) or "global"
 
+    @staticmethod
+    def _numbers(action: apb.Action) -> dict[str, float]:
+        """The action's numeric parameters, for the guards' bounds ({} if unreadable)."""
+        try:
+            return parameters.numbers(parameters.spec_of(action))
+        except parameters.ParameterError:
+            return {}
+
+    def _spec(self, p: Policy, det: dpb.Detection):  # -> the operation's message
+        """The policy's parameters as the operation's message, templates resolved."""
+        return parameters.parse(
+            p.action.operation.value,
+            parameters.resolve(p.action.parameters, lambda text: self._resolve(text, det)),
+        )
+
     def _decide(self, p: Policy, det: dpb.Detection, skey: str, now: int) -> None:
         op = p.action.operation
-        params = {k: _param_text(v) for k, v in p.action.parameters.items()}
         action = apb.Action(
             header=self._header(now),
             reason_detection_ids=[det.id] if det.id else [],
@@ -380,7 +388,6 @@ class Engine:
             state=apb.ACTION_STATE_PROPOSED,
             dry_run=p.mode is Mode.DRY_RUN,
         )
-        action.parameters.update({k: v for k, v in params.items() if k and v})
         if p.mode is Mode.APPROVE:
             action.deadline_ns += int(self.approval_timeout_s * NS)
         if p.action.expect is not None:
@@ -393,14 +400,20 @@ class Engine:
                     within_ns=int(e.within * NS),
                 )
             )
+        refusal: Refusal | None = None
         try:
             action.target.CopyFrom(self._target(p, det))
             tkey = self.target_key(op, action.target)
         except MissingLabel as exc:
             tkey = skey
-            refusal: Refusal | None = Refusal("target", f"{exc}; cannot resolve {p.id}'s target")
-        else:
-            refusal = None
+            refusal = Refusal("target", f"{exc}; cannot resolve {p.id}'s target")
+        try:
+            spec = self._spec(p, det)
+            getattr(action, op.value).CopyFrom(spec)
+        except MissingLabel as exc:
+            refusal = refusal or Refusal("target", f"{exc}; cannot resolve {p.id}'s parameters")
+        except parameters.ParameterError as exc:  # a label filled in made a value invalid
+            refusal = refusal or Refusal("parameters", f"{p.id}: {exc}")
         action.id = str(uuid.uuid5(ID_NAMESPACE, f"{p.id}|{det.id}|{tkey}"))
         if self.journal.get(action.id) is not None:
             # Decided before a restart: never twice. Its events, if they had not reached the
@@ -412,7 +425,7 @@ class Engine:
             p,
             op,
             tkey,
-            dict(action.parameters),
+            self._numbers(action),
             node_id=action.target.node_id,
             addresses=tuple(
                 dets.addr_text(a)
@@ -471,7 +484,7 @@ class Engine:
             applied_ns=applied.applied_ns,
             apply_latency_ns=applied.apply_latency_ns,
             detection_to_apply_ns=max(0, loop),
-            previous_parameters={k: v for k, v in applied.previous.items() if k and v},
+            previous=applied.previous,
         )
         self._schedule(entry)
 
@@ -583,8 +596,19 @@ class Engine:
         assert entry.result is not None
         original = entry.action
         rb_id = str(uuid.uuid5(ID_NAMESPACE, f"{original.id}|rollback"))
-        previous = dict(entry.result.previous_parameters)
         now = self.clock()
+        try:
+            previous = parameters.previous_of(entry.result, original.operation)
+        except parameters.ParameterError as exc:
+            self.stats.failed += 1
+            self._result(
+                entry,
+                apb.ACTION_STATE_FAILED,
+                f"cannot roll back: {exc}",
+                verified_ns=now,
+                verification=v,
+            )
+            return
         rb = apb.Action(
             header=self._header(now),
             id=rb_id,
@@ -597,7 +621,7 @@ class Engine:
             state=apb.ACTION_STATE_PROPOSED,
             rollback_of_action_id=original.id,
         )
-        rb.parameters.update(previous)
+        rb.rollback.CopyFrom(previous)  # the state it restores, typed
         rb_entry = Entry(rb, None, entry.target_key)
         self.journal.record(rb_entry)
         self._emit_action(rb)
@@ -672,7 +696,7 @@ class Engine:
             op = OPERATION_NAME.get(entry.action.operation)
             if p is not None and op is not None:
                 self.guards.started(
-                    Proposal(action_id, p, op, entry.target_key, dict(entry.action.parameters)),
+                    Proposal(action_id, p, op, entry.target_key, self._numbers(entry.action)),
                     entry.action.header.timestamp_ns,
                 )
             if entry.state in FINAL and entry.result is not None:

@@ -42,7 +42,7 @@ class Proposal:
     policy: Policy
     operation: Operation
     target_key: str
-    parameters: dict[str, str]
+    parameters: dict[str, float]  # the action's numeric parameters (what bounds compare)
     node_id: str = ""
     addresses: tuple[str, ...] = ()
     device_id: str = ""
@@ -83,10 +83,7 @@ class GuardBook:
         for name, bound in g.bounds.items():
             if name not in p.parameters:
                 continue
-            try:
-                value = float(p.parameters[name])
-            except ValueError:
-                return Refusal("bounds", f"{name}={p.parameters[name]!r} is not a number")
+            value = p.parameters[name]
             if bound.min is not None and value < bound.min:
                 return Refusal("bounds", f"{name}={value:g} is below the minimum {bound.min:g}")
             if bound.max is not None and value > bound.max:

@@ -63,16 +63,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Operation(StrEnum):
-    """Mirrors cgloop.v1.ActionOperation."""
-
-    REPRIORITISE_FLOW = "reprioritise_flow"
-    SET_CLASS_RATE = "set_class_rate"
-    SET_CHAIN = "set_chain"
-    SET_POWER_POLICY = "set_power_policy"
-    ONOS_FLOW_RULE = "onos_flow_rule"
-    ONOS_QUEUE = "onos_queue"
-    NOTIFY = "notify"
+# cgloop.v1.ActionOperation, named like the members of Action.spec (reprioritise_flow ...):
+# the operations a policy can order are the ones the contract has a message for.
+Operation = StrEnum(  # type: ignore[misc]
+    "Operation", {name.upper(): name for name in parameters.MESSAGES}
+)
 
 
 class Level(StrEnum):
@@ -215,10 +210,9 @@ class Target(Strict):
 class ActionSpec(Strict):
     operation: Operation
     target: Target = Field(default_factory=Target)
-    # Checked against the operation's model in `cgloop.policy.parameters` (types and ranges).
-    parameters: dict[str, str | int | float | bool | list[str | int]] = Field(
-        default_factory=dict, validate_default=True
-    )
+    # The fields of the operation's protobuf message (cgloop.v1 Action.spec), checked against
+    # its descriptor by `cgloop.policy.parameters` (names, types, accepted values).
+    parameters: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     deadline: Duration = 0.5  # EXPIRED when not applied this long after the detection
     expect: Expect | None = None
     rollback_on: list[Verdict] = Field(default_factory=lambda: [Verdict.WORSE])
@@ -229,40 +223,26 @@ class ActionSpec(Strict):
         op = info.data.get("operation")
         if op is None:
             return value  # the operation itself is wrong: reported on its own field
-        typed = parameters.BY_OPERATION[op.value]
         try:
-            typed.model_validate(value)
-        except ValidationError as exc:
-            # Re-raised with the parameter's own location (action.parameters.NAME), so the
-            # error names the line of the offending value; unknown and missing names say what
-            # the operation takes.
-            allowed = ", ".join(typed.model_fields) or "none"
-            errors: list[InitErrorDetails] = []
-            for e in exc.errors():
-                kind: str | PydanticCustomError = e["type"]
-                if kind == "extra_forbidden":
-                    kind = PydanticCustomError(
-                        "extra_forbidden",
-                        "operation {op} does not take this parameter (it takes {allowed})",
-                        {"op": op.value, "allowed": allowed},
-                    )
-                elif kind == "missing":
-                    kind = PydanticCustomError(
-                        "missing", "operation {op} needs this parameter", {"op": op.value}
-                    )
-                detail = InitErrorDetails(type=kind, loc=tuple(e["loc"]), input=e["input"])
-                if "ctx" in e and isinstance(kind, str):
-                    detail["ctx"] = e["ctx"]
-                errors.append(detail)
+            parameters.parse(op.value, value)
+        except parameters.ParameterError as exc:
+            # Each problem at the parameter's own location (action.parameters.NAME...), so the
+            # error names the line of the offending value.
+            errors = [
+                InitErrorDetails(
+                    type=PydanticCustomError("parameter", "{problem}", {"problem": problem}),
+                    loc=loc,
+                    input=value,
+                )
+                for loc, problem in exc.problems
+            ]
             raise ValidationError.from_exception_data(cls.__name__, errors) from None
         return value
 
 
 def parameter_names(op: Operation) -> tuple[set[str], set[str]]:
     """(required, optional) parameter names of an operation."""
-    fields = parameters.BY_OPERATION[op.value].model_fields
-    required = {n for n, f in fields.items() if f.is_required()}
-    return required, set(fields) - required
+    return parameters.field_names(op.value)
 
 
 class Policy(Strict):
@@ -324,16 +304,14 @@ def json_schema() -> dict[str, Any]:
     schema = PolicyFile.model_json_schema()
     defs = schema.pop("$defs", {})
     defs["PolicyFile"] = schema
-    # Each operation's parameters, from the same models the loader validates with.
+    # Each operation's parameters, from the descriptors of the messages the loader checks.
     conditions = []
-    for op, typed in parameters.BY_OPERATION.items():
-        sub = typed.model_json_schema(ref_template="#/$defs/{model}")
-        defs.update(sub.pop("$defs", {}))
-        defs[typed.__name__] = sub
+    for op, descriptor in parameters.MESSAGES.items():
+        defs[descriptor.name] = parameters.json_schema(descriptor, defs)
         conditions.append(
             {
                 "if": {"properties": {"operation": {"const": op}}, "required": ["operation"]},
-                "then": {"properties": {"parameters": {"$ref": f"#/$defs/{typed.__name__}"}}},
+                "then": {"properties": {"parameters": {"$ref": f"#/$defs/{descriptor.name}"}}},
             }
         )
     defs["ActionSpec"]["allOf"] = conditions

@@ -18,6 +18,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from cgloop.policy import parameters
 from cgloop.policy.detections import addr_text, flow_text
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1.common_pb2 import LatencySummary
@@ -69,9 +70,11 @@ def probe_dscp(action: apb.Action) -> int | None:
     is verified by the probes sent with its new DSCP (the queue it now uses); None: any."""
     if action.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW:
         try:
-            return int(action.parameters["rewrite_dscp"], 0)
-        except (KeyError, ValueError):
+            spec = parameters.spec_of(action)  # typed, or an old action's map read into it
+        except parameters.ParameterError:
             return None
+        if isinstance(spec, apb.ReprioritiseFlowAction) and spec.HasField("rewrite_dscp"):
+            return spec.rewrite_dscp
     return None
 
 
