@@ -1,4 +1,5 @@
-"""Labelled flows from the real data in the lab's data folder (docs/sources.md) and the synthetic generator.
+"""Labelled flows from the real data in the lab's data folder (docs/sources.md) and the
+synthetic generator.
 
 Every source ends as LabelledFlow objects holding FlowRecords, so features always come from
 `features.window_features`:
