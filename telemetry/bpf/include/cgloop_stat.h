@@ -2,8 +2,8 @@
 /*
  * Packet fates and parse failures by reason. The flow probe counts them in its per-CPU
  * probe_stats array (the exporter mirrors the order in telemetry/probe/src/bpf_types.rs, the
- * pcap twin in telemetry/probe/src/parse.rs); the shared parser (include/parse/) returns the failure
- * reasons, so the node agent's datapath fails on the same frames for the same reasons.
+ * pcap twin in telemetry/probe/src/parse.rs); the shared parser (include/parse/) returns the
+ * failure reasons, so the node agent's datapath fails on the same frames for the same reasons.
  * Append only: the indexes are an ABI with the exporter.
  */
 #ifndef CGLOOP_STAT_H
