@@ -7,7 +7,9 @@ wording: the bounds guard (`AgentBounds`, the agent's bounds.rs), queue hierarch
 (queues.rs), flow rules into leaf classes only, and chains through the chain-function
 catalogue both read from node_agent.proto (`planners.catalogue`, the agent's chains.rs).
 tests/test_node_agent_netns.py sends the same requests to both and compares the answers.
-GetState reports what was applied, shaped as the real agent reports it.
+What needs the node itself is not modelled: whether a mirror's interface exists (the real agent
+answers NOT_FOUND), the kernel's answers. GetState reports what was applied, shaped as the real
+agent reports it.
 """
 
 from __future__ import annotations
