@@ -4,7 +4,7 @@ thresholds, what it reports, once per episode, and the bounded flow table."""
 from __future__ import annotations
 
 import pytest
-from cgloop.analytics.detectors import L4sAbuseDetector
+from cgloop.analytics.detectors import L4sAbuseDetector, make_detection
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.detection_pb2 import Severity
@@ -57,6 +57,10 @@ def test_unresponsive_ecn_fires_once_the_window_is_complete() -> None:
     assert ev["rate_response"] == pytest.approx((1.0, 0.8, 1.0, "ratio"))
     assert ev["rate_bps"] == pytest.approx((1.6e6, 2e5, 1.6e6, "bps"))
     assert list(ev) == ["ce_fraction", "l_queue_share", "rate_response", "rate_bps"]
+    # the episode starts with the window: its id is the one a replay of it gets
+    kind = K.DETECTION_KIND_L4S_UNRESPONSIVE_ECN
+    assert d.id == make_detection(kind, 0, 0, [], "l4s-abuse", (0, 0), ft(), T0).id
+    assert L4sAbuseDetector().max_flows == 50_000
 
 
 @pytest.mark.parametrize(
@@ -164,3 +168,44 @@ def test_the_flow_table_is_bounded_and_idle_flows_evicted() -> None:
     assert [s.five_tuple.src_port for s in det.flows.values()] == [3]
     assert det.evict(0, force=True) == 1 and det.flows == {}
     assert det.evict(0, force=True) == 0
+
+
+def test_a_flow_that_speeds_up_is_no_more_suspect_than_a_steady_one() -> None:
+    records = [rec(i, nbytes=100_000 if i < 5 else 200_000) for i in range(11)]
+    ((_, d),) = run(L4sAbuseDetector(), records)
+    assert evidence(d)["rate_response"][0] == 2.0
+    assert d.confidence == pytest.approx(0.5 + 0.1 + 0.25)
+
+
+def test_the_response_compares_the_window_halves() -> None:
+    # medians: first half (100, 100, 50, 50, 50) = 50 kB, second half 45 kB: 0.9, no response
+    sizes = [100_000, 100_000, 50_000, 50_000, 50_000] + [45_000] * 6
+    ((_, d),) = run(L4sAbuseDetector(), [rec(i, nbytes=n) for i, n in enumerate(sizes)])
+    assert evidence(d)["rate_response"][0] == pytest.approx(0.9)
+
+
+def test_an_unresponsive_and_bursty_flow_gets_both_detections() -> None:
+    hits = run(L4sAbuseDetector(), [_bursty(i, 16) for i in range(11)])
+    assert sorted(d.kind for _, d in hits) == sorted(
+        [K.DETECTION_KIND_L4S_UNRESPONSIVE_ECN, K.DETECTION_KIND_L4S_MICROBURST]
+    )
+
+
+def test_a_burst_episode_ends_with_the_bursts() -> None:
+    det = L4sAbuseDetector(window_bins=3, burst_bins=2)
+    bursts = [16, 16, 16, 1, 1, 1, 16, 16, 16]
+    hits = run(det, [rec(i, burst=b, ect1=100, ce=0) for i, b in enumerate([*bursts, 1])])
+    assert [i for i, _ in hits] == [3, 8]
+    assert {d.kind for _, d in hits} == {K.DETECTION_KIND_L4S_MICROBURST}
+
+
+def test_classic_erratic_threshold_is_inclusive_and_silence_is_not_erratic() -> None:
+    # rates 4.8 and 1.6 Mbit/s in turn: coefficient of variation exactly 0.5
+    cv_half = [
+        _bursty(i, 48, nbytes=300_000 if i % 2 else 100_000, ect1=0, ce=0) for i in range(11)
+    ]
+    ((_, d),) = run(L4sAbuseDetector(), cv_half)
+    assert evidence(d)["rate_cv"][0] == 0.5
+    # packets counted, no bytes: no rate, nothing erratic about it
+    silent = [_bursty(i, 48, nbytes=0, ect1=0, ce=0) for i in range(11)]
+    assert run(L4sAbuseDetector(), silent) == []

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from cgloop.analytics.detectors import QueueOverloadDetector
+from cgloop.analytics.detectors import QueueOverloadDetector, make_detection
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.detection_pb2 import QueueRef, Severity
@@ -59,7 +59,7 @@ def test_sustained_load_fires_after_min_duration_exactly() -> None:
     ev = evidence(d)
     assert ev["rho"] == pytest.approx((0.95, 0.9, 0.95, "ratio"))
     assert ev["predicted_rho"] == pytest.approx((0.95, 1.0, 0.95, "ratio"))
-    assert ev["seconds_to_overload"] == pytest.approx((1e9, 2.0, 0.0, "s"))
+    assert ev["seconds_to_overload"] == (1e9, 2.0, 0.0, "s")
     assert ev["above_floor_s"] == pytest.approx((1.0, 0.5, 0.0, "s"))
     assert ev["queue_latency_ns"] == (0.0, 5e6, 0.0, "ns")
     assert ev["queue_occupancy_cells"] == (7.0, 0.0, 0.0, "cells")
@@ -171,13 +171,14 @@ def test_a_function_is_loaded_by_its_packet_rate_over_its_capacity() -> None:
 
 
 def test_subjects_are_bounded_and_idle_ones_evicted() -> None:
+    assert QueueOverloadDetector().max_subjects == 10_000
     det = QueueOverloadDetector(max_subjects=2, idle_ns=10 * NS)
-    det.on_int_queue(queue(1 * NS, 0.1, port=1))
-    det.on_int_queue(queue(3 * NS, 0.1, port=2))
-    det.on_int_queue(queue(2 * NS, 0.1, port=1))  # seen again, still before port 2
-    det.on_int_queue(queue(4 * NS, 0.1, port=3))  # full: the least recently seen (port 1) goes
-    assert set(det.subjects) == {"q/1/2/3", "q/1/3/3"}
-    assert det.evict(T0 + 13 * NS) == 0, "port 2 idle exactly idle_ns: kept"
+    det.on_int_queue(queue(1 * NS, 0.1, port=2))
+    det.on_int_queue(queue(3 * NS, 0.1, port=1))
+    det.on_int_queue(queue(2 * NS, 0.1, port=2))  # seen again, still before port 1
+    det.on_int_queue(queue(4 * NS, 0.1, port=3))  # full: the least recently seen (port 2) goes
+    assert set(det.subjects) == {"q/1/1/3", "q/1/3/3"}
+    assert det.evict(T0 + 13 * NS) == 0, "port 1 idle exactly idle_ns: kept"
     assert det.evict(T0 + 13 * NS + 1) == 1
     assert set(det.subjects) == {"q/1/3/3"}
 
@@ -196,3 +197,48 @@ def test_a_node_sample_reports_every_overload_it_shows() -> None:
     ]
     assert {d.node_id for d in out} == {"edge", "dpi", "nat"}
     assert set(det.subjects) == {"n/edge", "f/edge/dpi", "f/edge/nat"}
+
+
+def _id(d, start_s: float) -> str:
+    return make_detection(d.kind, 0, 0, [], "overload", (0, 0), d.queue, at_ns(start_s)).id
+
+
+def at_ns(seconds: float) -> int:
+    return T0 + int(seconds * NS)
+
+
+def test_the_episode_starts_when_the_load_crossed_warn() -> None:
+    det = QueueOverloadDetector()
+    ((t, d),) = feed(det, [(0, 0.5), (0.5, 0.95), (1.0, 0.95), (1.5, 0.95)])
+    assert t == 1.5 and d.window_start_ns == T0, "the window is the samples'"
+    assert d.id == _id(d, 0.5), "the episode is the breach's"
+    ((_, trend),) = feed(
+        QueueOverloadDetector(), [(t, 0.6 + 0.2 * t) for t in (0, 0.25, 0.5, 0.75)]
+    )
+    assert trend.id == _id(trend, 0.0), "a trend's episode starts with its first sample"
+
+
+def test_exactly_at_capacity_is_critical() -> None:
+    ((_, d),) = feed(QueueOverloadDetector(), [(0, 1.0), (0.5, 1.0), (1.0, 1.0)])
+    assert d.severity == Severity.SEVERITY_CRITICAL
+
+
+def test_a_trend_needs_exactly_half_the_duration_above_the_floor() -> None:
+    # above the floor from 0.25 s: at 0.75 s exactly 0.5 s
+    rising = [(0, 0.45), (0.25, 0.65), (0.5, 0.8), (0.75, 0.89)]
+    assert [t for t, _ in feed(QueueOverloadDetector(), rising)] == [0.75]
+    # above the floor for 0.4 s only
+    early = [(0, 0.1), (0.2, 0.1), (0.4, 0.7), (0.6, 0.8), (0.8, 0.89)]
+    assert feed(QueueOverloadDetector(), early) == []
+
+
+def test_an_imminent_overload_says_how_soon() -> None:
+    ((t, d),) = feed(QueueOverloadDetector(), [(t, 0.6 + 0.5 * t) for t in (0, 0.25, 0.5, 0.75)])
+    assert t == 0.75
+    assert evidence(d)["seconds_to_overload"][0] == pytest.approx(0.05)
+
+
+def test_a_high_but_falling_load_waits_for_the_duration() -> None:
+    det = QueueOverloadDetector()
+    falling = [(0, 1.3), (0.25, 1.29), (0.5, 1.28), (0.75, 1.27), (1.0, 1.26)]
+    assert [(t, dict(d.labels)) for t, d in feed(det, falling)] == [(1.0, {"trigger": "sustained"})]

@@ -5,7 +5,7 @@ jitter, and the bounded state."""
 from __future__ import annotations
 
 import pytest
-from cgloop.analytics.detectors import SloDetector
+from cgloop.analytics.detectors import SloDetector, make_detection
 from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, SloProfile, _Series
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import DetectionKind as K
@@ -178,15 +178,16 @@ def test_latency_has_its_own_timing() -> None:
 
 
 def test_watch_is_idempotent_and_bounded() -> None:
+    assert SloDetector().max_flows == 10_000
     det = SloDetector(max_flows=2)
-    det.watch(ft(1), "gfn", t_ns=at(1))
+    det.watch(ft(9), "gfn", t_ns=at(1))
     det.flows[next(iter(det.flows))].series["jitter"].cusum = 3.0
-    det.watch(ft(1), "std", t_ns=at(9))
+    det.watch(ft(9), "std", t_ns=at(9))
     assert det.flows[next(iter(det.flows))].series["jitter"].cusum == 3.0
     assert det.flows[next(iter(det.flows))].platform == "gfn"
     det.watch(ft(2), "gfn", t_ns=at(3))
-    det.watch(ft(3), "gfn", t_ns=at(2))  # full: the least recently seen (port 1) goes
-    assert det.watching(ft(2)) and det.watching(ft(3)) and not det.watching(ft(1))
+    det.watch(ft(3), "gfn", t_ns=at(2))  # full: the least recently seen (port 9) goes
+    assert det.watching(ft(2)) and det.watching(ft(3)) and not det.watching(ft(9))
 
 
 def test_flow_records_feed_jitter_loss_and_downstream_throughput() -> None:
@@ -198,7 +199,7 @@ def test_flow_records_feed_jitter_loss_and_downstream_throughput() -> None:
     assert list(fl.series["jitter"].normal) == [1.25]
     assert not fl.series["loss"].normal
     assert fl.series["loss"].over_since == at(1)  # 25 / (75 + 25) = 0.25 > 0.05
-    assert list(fl.series["throughput"].normal) == [pytest.approx(20.0)]  # 250 kB in 0.1 s
+    assert list(fl.series["throughput"].normal) == [pytest.approx(20.0, rel=1e-9)]  # 250 kB/0.1 s
     assert fl.last_seen == at(1)
     det.on_flow(rtp_rec(2, lost=0, packets=0))
     assert fl.series["loss"].over_since == at(1), "no packets: no loss sample"
@@ -228,6 +229,17 @@ def test_a_jitter_episode_without_path_measurements() -> None:
     assert ev["path_jitter_ms"] == (0.0, 1.0, 0.0, "ms")
     assert ev["path_samples"] == (0.0, 5.0, 0.0, "samples")
     assert d.confidence == pytest.approx(min(1.0, 0.5 + ev["cusum"][0] / 20))
+    kind = K.DETECTION_KIND_SLO_JITTER
+    assert d.id == make_detection(kind, 0, 0, [], "slo", (0, 0), ft(), at(2)).id
+
+
+def test_confidence_grows_with_the_cusum() -> None:
+    det = SloDetector(params=SeriesParams(min_duration_ns=0, cusum_k=0.0, cusum_h=5.0))
+    det.watch(ft(), "std")
+    # baseline 1.5 ms +- 0.5 before any normal sample: 6 ms is 9 sigma
+    (d,) = det.on_flow(rtp_rec(1, jitter_ms=6.0))
+    assert evidence(d)["cusum"][0] == pytest.approx(9.0)
+    assert d.confidence == pytest.approx(0.5 + 9.0 / 20)
 
 
 def test_a_minor_breach_and_a_throughput_breach() -> None:
@@ -243,9 +255,38 @@ def test_a_minor_breach_and_a_throughput_breach() -> None:
     assert evidence(t)["down_mbps"][3] == "Mbit/s"
 
 
+@pytest.mark.parametrize(
+    ("objective", "mbps", "severity"),
+    [
+        (10.0, 6.0, Severity.SEVERITY_MINOR),  # 10 / 6 < 2
+        (10.0, 4.0, Severity.SEVERITY_MAJOR),
+        (1.5, 0.7, Severity.SEVERITY_MAJOR),  # under 1 Mbit/s too
+    ],
+)
+def test_throughput_severity_is_the_shortfall(objective, mbps, severity) -> None:
+    det = SloDetector(
+        profiles={"": SloProfile(min_down_mbps=objective)},
+        params=SeriesParams(min_duration_ns=0, cusum_k=0.0, cusum_h=0.5),
+    )
+    det.watch(ft(), "")
+    (t,) = det.on_flow(rtp_rec(1, jitter_ms=0.1, nbytes=int(mbps * 12_500)))
+    assert t.kind == K.DETECTION_KIND_SLO_THROUGHPUT and t.severity == severity
+
+
+def test_an_empty_interval_has_no_throughput() -> None:
+    det = SloDetector()
+    det.watch(ft(), "gfn")
+    r = rtp_rec(1)
+    r.interval_start_ns = r.interval_end_ns
+    assert det.on_flow(r) == []
+    assert not next(iter(det.flows.values())).series["throughput"].normal
+
+
 def test_loss_breach() -> None:
     det = SloDetector(params=SeriesParams(min_duration_ns=0, cusum_k=0.0, cusum_h=0.5))
     det.watch(ft(), "gfn", down=False)
+    for i in range(6):  # a steady path holds jitter breaches, never loss ones
+        det.on_path_delay(ft(), at(0.5 + i * 0.05), 5 * MS)
     (d,) = det.on_flow(rtp_rec(1, lost=10, packets=90))
     assert d.kind == K.DETECTION_KIND_SLO_LOSS
     assert evidence(d)["loss_fraction"][:2] == pytest.approx((0.1, 0.05))
@@ -310,12 +351,24 @@ def test_jitter_is_held_while_the_path_is_steady_and_fires_when_it_varies() -> N
         det.on_path_delay(ft(), at(1.5 + i * 0.1), 5 * MS)
     steady = [d for i in range(13) for d in det.on_flow(rtp_rec(2 + i * 0.1, jitter_ms=5.0))]
     assert steady == [] and det.held_jitter == 3  # 3.0 ... 3.2 s held
-    for i in range(4):
-        det.on_path_delay(ft(), at(3.3 + i * 0.01), (5 + 2 * (i % 2)) * MS)
+    for i in range(4):  # changes of exactly the 1 ms needed (half the 2 ms objective)
+        det.on_path_delay(ft(), at(3.3 + i * 0.01), (5 + i % 2) * MS)
     (d,) = det.on_flow(rtp_rec(3.4, jitter_ms=5.0))
     ev = evidence(d)
-    assert ev["path_jitter_ms"][:2] == pytest.approx((2.0, 1.0))
+    assert ev["path_jitter_ms"][:2] == pytest.approx((1.0, 1.0))
     assert ev["path_samples"][0] >= 3
+
+
+def test_the_path_must_vary_during_the_breach_not_only_lately() -> None:
+    det = SloDetector(path_min_samples=3, path_window_ns=5 * NS)
+    det.watch(ft(), "gfn")
+    for i in range(5):
+        det.on_flow(rtp_rec(1 + i * 0.1, jitter_ms=0.5))
+    det.on_flow(rtp_rec(2.0, jitter_ms=5.0))  # the breach begins
+    for i in range(8):  # the path varies at its start (2 ms changes), then holds still
+        det.on_path_delay(ft(), at(2.05 + i * 0.1), (5 + 2 * (i % 2) if i < 6 else 5) * MS)
+    hits = [d for i in range(1, 11) for d in det.on_flow(rtp_rec(2 + i * 0.1, jitter_ms=5.0))]
+    assert len(hits) == 1 and det.held_jitter == 0
 
 
 def test_idle_flows_and_paths_are_evicted() -> None:
