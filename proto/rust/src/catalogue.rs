@@ -216,6 +216,57 @@ pub fn check(f: &Function) -> Result<(), Violation> {
     Ok(())
 }
 
+/// The catalogue as JSON, the shape `cgloop.policy.planners.catalogue.table()` gives
+/// (`cgloop-vectors chain-catalogue`; tests/test_chain_catalogue.py compares the two readings).
+pub fn table_json() -> String {
+    fn opt(v: Option<u64>) -> String {
+        v.map_or("null".into(), |n| n.to_string())
+    }
+    let functions: Vec<String> = FUNCTIONS
+        .iter()
+        .map(|f| {
+            let params: Vec<String> = f
+                .params
+                .iter()
+                .map(|p| {
+                    let ty = match p.ty {
+                        ParamType::Uint => "uint",
+                        ParamType::Str => "str",
+                        ParamType::Bool => "bool",
+                        ParamType::Message => "message",
+                    };
+                    format!(
+                        "{{\"name\": {:?}, \"number\": {}, \"type\": {ty:?}, \"optional\": {}, \
+                         \"oneof\": {}, \"min\": {}, \"max\": {}, \"interface\": {}, \"rate\": {}}}",
+                        p.name,
+                        p.number,
+                        p.optional,
+                        p.oneof.map_or("null".into(), |o| format!("{o:?}")),
+                        opt(p.min),
+                        opt(p.max),
+                        p.interface,
+                        p.rate
+                    )
+                })
+                .collect();
+            let oneofs: Vec<String> = f.oneofs.iter().map(|o| format!("{o:?}")).collect();
+            format!(
+                "{{\"name\": {:?}, \"number\": {}, \"message\": {:?}, \"kind\": {:?}, \
+                 \"bound\": {:?}, \"needs_a_parameter\": {}, \"oneofs\": [{}], \"params\": [{}]}}",
+                f.name,
+                f.number,
+                f.message,
+                f.kind.as_str_name(),
+                f.bound.as_str_name(),
+                f.needs_a_parameter,
+                oneofs.join(", "),
+                params.join(", ")
+            )
+        })
+        .collect();
+    format!("[{}]", functions.join(", "))
+}
+
 impl crate::v1::ChainFunction {
     /// The function's name (its member of `function`), or "" when none is set.
     pub fn name(&self) -> &'static str {

@@ -4,6 +4,8 @@
 //!   cgloop-vectors reencode DIR OUT  decode each DIR/<name>.bin with its type, write OUT/<name>.bin
 //!   cgloop-vectors bus-table         print the bus table (proto/cgloop/v1/bus.proto) as Rust
 //!                                    reads it, as JSON (tests/test_bus_table.py)
+//!   cgloop-vectors chain-catalogue   print the chain-function catalogue (node_agent.proto) as
+//!                                    Rust reads it, as JSON (tests/test_chain_catalogue.py)
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,8 +13,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use cgloop_proto::vectors::{Vector, VECTORS};
 
-const USAGE: &str =
-    "usage: cgloop-vectors emit DIR | cgloop-vectors reencode DIR OUT | cgloop-vectors bus-table";
+const USAGE: &str = "usage: cgloop-vectors emit DIR | cgloop-vectors reencode DIR OUT | \
+                     cgloop-vectors bus-table | cgloop-vectors chain-catalogue";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -31,6 +33,10 @@ fn run(args: Vec<String>) -> Result<()> {
         ["reencode", dir, out] => reencode_all(Path::new(dir), Path::new(out)),
         ["bus-table"] => {
             println!("{}", cgloop_proto::bus::table_json());
+            Ok(())
+        }
+        ["chain-catalogue"] => {
+            println!("{}", cgloop_proto::catalogue::table_json());
             Ok(())
         }
         _ => bail!("{USAGE}"),

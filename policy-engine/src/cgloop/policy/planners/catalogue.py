@@ -131,6 +131,37 @@ def _load() -> dict[str, Function]:
 FUNCTIONS: dict[str, Function] = _load()
 
 
+def table() -> list[dict[str, Any]]:
+    """The catalogue as plain data, in the shape `cgloop-vectors chain-catalogue` prints (the
+    agent's reading of the same declaration)."""
+    return [
+        {
+            "name": f.name,
+            "number": f.number,
+            "message": f.message.name,
+            "kind": f.kind_name,
+            "bound": na.FunctionBound.Name(f.bound),
+            "needs_a_parameter": f.needs_a_parameter,
+            "oneofs": list(f.oneofs),
+            "params": [
+                {
+                    "name": p.name,
+                    "number": p.number,
+                    "type": p.type,
+                    "optional": p.optional,
+                    "oneof": p.oneof,
+                    "min": p.min,
+                    "max": p.max,
+                    "interface": p.interface,
+                    "rate": p.rate,
+                }
+                for p in f.params
+            ],
+        }
+        for f in FUNCTIONS.values()
+    ]
+
+
 def known() -> str:
     """Every function with where it runs, worded as the agent's refusals list them."""
     return ", ".join(
