@@ -69,7 +69,9 @@ fn vlan_ipv6_ext_frame(sport: u16, dport: u16) -> Vec<u8> {
 /// 802.1ad + 802.1Q (QinQ) tagged IPv4 UDP with a valid header checksum.
 fn qinq_ipv4_frame(sport: u16, dport: u16) -> Vec<u8> {
     let l4 = udp(sport, dport, 32);
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xa8, 0, 3, 0x81, 0, 0, 7, 8, 0];
+    let mut f = vec![
+        2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xa8, 0, 3, 0x81, 0, 0, 7, 8, 0,
+    ];
     let mut ip = vec![0x45, 0];
     ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
     ip.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
@@ -117,7 +119,11 @@ fn classify(skel: &skel::AgentSkel<'_>, frame: &[u8]) -> (u32, u32, Vec<u8>) {
         data_out: Some(&mut data_out),
         ..Default::default()
     };
-    let out = skel.progs.cgl_classify.test_run(input).expect("BPF_PROG_TEST_RUN");
+    let out = skel
+        .progs
+        .cgl_classify
+        .test_run(input)
+        .expect("BPF_PROG_TEST_RUN");
     let verdict = out.return_value;
     let data = out.data.map(|d| d.to_vec()).unwrap_or_default();
     let ctx = out.context.expect("the kernel returns the __sk_buff");
@@ -138,7 +144,10 @@ fn classifier_finds_flows_behind_vlan_tags_and_ipv6_extension_headers() {
         .load()
         .unwrap();
     let set = |k: &FlowKey, rewrite_dscp: u32| {
-        let rule = FlowRule { classid: CLASS, rewrite_dscp };
+        let rule = FlowRule {
+            classid: CLASS,
+            rewrite_dscp,
+        };
         skel.maps
             .flow_class
             .update(bytes_of(k), bytes_of(&rule), MapFlags::ANY)
@@ -149,7 +158,10 @@ fn classifier_finds_flows_behind_vlan_tags_and_ipv6_extension_headers() {
 
     let (verdict, priority, _) = classify(&skel, &vlan_ipv6_ext_frame(5004, 6000));
     assert_eq!(verdict, 0, "TC_ACT_OK");
-    assert_eq!(priority, CLASS, "VLAN + IPv6 dest. options + fragment header: classified");
+    assert_eq!(
+        priority, CLASS,
+        "VLAN + IPv6 dest. options + fragment header: classified"
+    );
     let (_, priority, _) = classify(&skel, &vlan_ipv6_ext_frame(5004, 6001));
     assert_eq!(priority, 0, "another port: no rule, no class");
 
@@ -157,7 +169,11 @@ fn classifier_finds_flows_behind_vlan_tags_and_ipv6_extension_headers() {
     let (_, priority, out) = classify(&skel, &frame);
     assert_eq!(priority, CLASS, "QinQ IPv4: classified");
     let ip = &out[22..42];
-    assert_eq!(ip[1], 46 << 2, "DSCP rewritten in the IP header after both tags");
+    assert_eq!(
+        ip[1],
+        46 << 2,
+        "DSCP rewritten in the IP header after both tags"
+    );
     assert_eq!(ipv4_checksum(ip), 0, "IPv4 header checksum still valid");
     assert_eq!(&out[..22], &frame[..22], "Ethernet and tags untouched");
 }
