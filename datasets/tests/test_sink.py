@@ -30,8 +30,8 @@ TABLES = {
     "probe_records": ("cgloop.probes.v1", 1),
     "node_samples": ("cgloop.nodes.v1", 1),
     "detections": ("cgloop.detections.v1", 5),
-    "actions": ("cgloop.actions.v1", 1),
-    "action_results": ("cgloop.actions.v1", 1),
+    "actions": ("cgloop.actions.v1", 9),  # the old-shape action and one per typed operation
+    "action_results": ("cgloop.actions.v1", 6),
     "dead_letters": ("cgloop.deadletter.v1", 1),
 }
 

@@ -16,13 +16,18 @@
 use std::collections::BTreeMap;
 
 use crate::v1::{
-    action_event, detection, int_record, Action, ActionBatch, ActionEvent, ActionLevel,
-    ActionOperation, ActionResult, ActionState, ActionTarget, Comparator, CoreSample, DeadLetter,
-    Detection, DetectionBatch, DetectionKind, Direction, Evidence, ExpectedEffect, FiveTuple,
-    FlowRecord, FlowRecordBatch, FunctionCounters, IntDropRecord, IntEventReason, IntFlowRecord,
-    IntHop, IntHopRecord, IntQueueRecord, IntRecord, IntRecordBatch, LatencySummary, LinkRef,
-    Log2Histogram, NodeSample, NodeSampleBatch, ProbeMethod, ProbeRecord, ProbeRecordBatch,
-    QueueRef, RecordHeader, RtpStats, Severity, Verdict, Verification,
+    action, action_event, chain_function, detection, dpi, int_record, previous_state, Acl, Action,
+    ActionBatch, ActionEvent, ActionLevel, ActionOperation, ActionResult, ActionState,
+    ActionTarget, ChainFunction, Comparator, CoreSample, DeadLetter, Detection, DetectionBatch,
+    DetectionKind, Direction, Dpi, DpiDrop, Evidence, ExpectedEffect, FiveTuple, FlowRecord,
+    FlowRecordBatch, Forward, FunctionCounters, FunctionKind, InstalledFlowRule, IntDropRecord,
+    IntEventReason, IntFlowRecord, IntHop, IntHopRecord, IntQueueRecord, IntRecord, IntRecordBatch,
+    LatencySummary, LinkRef, Log2Histogram, Mark, Mirror, NodeSample, NodeSampleBatch,
+    NotifyAction, OnosFlowRuleAction, OnosQueueAction, PowerPolicy, PreviousChain,
+    PreviousClassRate, PreviousFlowClass, PreviousPowerPolicies, PreviousState, ProbeMethod,
+    ProbeRecord, ProbeRecordBatch, QueueRef, RateLimit, RecordHeader, ReprioritiseFlowAction,
+    RtpStats, ServiceChain, SetChainAction, SetClassRateAction, SetPowerPolicyAction, Severity,
+    Verdict, Verification, XmanMode,
 };
 use crate::SCHEMA_VERSION;
 
@@ -360,7 +365,10 @@ fn latency_summary(scale_ns: u64) -> LatencySummary {
     }
 }
 
-/// One Action (proposed, dry run, itself a rollback) and one ActionResult (verified).
+/// One Action (proposed, dry run, itself a rollback) and one ActionResult (verified) as engines
+/// wrote them before typed actions (parameter maps: old records still read), then one typed
+/// Action per member of Action.spec and one ActionResult per member of PreviousState.
+#[allow(deprecated)] // the old records' parameter maps
 pub fn sample_action_batch() -> ActionBatch {
     let action = Action {
         header: header("policy-engine", 3, T0_NS + 10_000_000),
@@ -419,9 +427,249 @@ pub fn sample_action_batch() -> ActionBatch {
         action_event::Event::Result(result),
     ]
     .into_iter()
+    .chain(typed_actions().into_iter().map(action_event::Event::Action))
+    .chain(typed_results().into_iter().map(action_event::Event::Result))
     .map(|event| ActionEvent { event: Some(event) })
     .collect();
     ActionBatch { events }
+}
+
+/// Every function of the catalogue once (two Dpi for both members of each oneof).
+fn sample_chain_functions() -> Vec<ChainFunction> {
+    use chain_function::Function as F;
+    let f = |function: F, kind: FunctionKind, core: u32, packets: u64, dropped_packets: u64| {
+        ChainFunction {
+            function: Some(function),
+            kind: kind as i32,
+            core,
+            packets,
+            dropped_packets,
+            ..Default::default()
+        }
+    };
+    vec![
+        f(F::Forward(Forward {}), FunctionKind::Elementary, 0, 0, 0),
+        f(
+            F::Acl(Acl {
+                proto: 17,
+                dst_port: 49_005,
+                src_port: 5_004,
+            }),
+            FunctionKind::Basic,
+            1,
+            1_000,
+            3,
+        ),
+        f(
+            F::Mark(Mark {
+                dscp: Some(46),
+                ecn: Some(1),
+            }),
+            FunctionKind::Basic,
+            0,
+            0,
+            0,
+        ),
+        f(
+            F::RateLimit(RateLimit {
+                rate_bps: 50_000_000,
+                burst_bytes: 15_000,
+            }),
+            FunctionKind::Unspecified,
+            0,
+            0,
+            0,
+        ),
+        f(
+            F::Mirror(Mirror {
+                interface: "veth-tap".to_owned(),
+            }),
+            FunctionKind::Unspecified,
+            0,
+            0,
+            0,
+        ),
+        f(
+            F::Dpi(Dpi {
+                pattern: Some(dpi::Pattern::Text("GFN".to_owned())),
+                depth: Some(64),
+                on_match: Some(dpi::OnMatch::MarkDscp(34)),
+            }),
+            FunctionKind::Advanced,
+            2,
+            0,
+            0,
+        ),
+        f(
+            F::Dpi(Dpi {
+                pattern: Some(dpi::Pattern::Hex("4746".to_owned())),
+                depth: None,
+                on_match: Some(dpi::OnMatch::Drop(DpiDrop {})),
+            }),
+            FunctionKind::Unspecified,
+            3,
+            0,
+            0,
+        ),
+    ]
+}
+
+/// One action per member of Action.spec, the operation's typed parameters.
+fn typed_actions() -> Vec<Action> {
+    use action::Spec;
+    let specs = vec![
+        (
+            ActionOperation::ReprioritiseFlow,
+            Spec::ReprioritiseFlow(ReprioritiseFlowAction {
+                class_id: 0x10010,
+                rewrite_dscp: Some(46),
+            }),
+        ),
+        (
+            ActionOperation::SetClassRate,
+            Spec::SetClassRate(SetClassRateAction {
+                class_id: 0x10030,
+                rate_bps: 50_000_000,
+                ceil_bps: Some(80_000_000),
+            }),
+        ),
+        (
+            ActionOperation::SetChain,
+            Spec::SetChain(SetChainAction {
+                chain_id: "gaming-edge".to_owned(),
+                traffic_class: "gaming".to_owned(),
+                functions: sample_chain_functions(),
+                base_rtt_us: 190,
+                free_cores: vec![2, 3],
+                processing_us: vec![0.0, 0.5, 0.5, 0.5, 0.5, 7.0, 7.5],
+            }),
+        ),
+        (
+            ActionOperation::SetPowerPolicy,
+            Spec::SetPowerPolicy(SetPowerPolicyAction {
+                cores: vec![2, 3],
+                min_frequency_khz: 800_000,
+                max_frequency_khz: 2_400_000,
+                governor: Some("userspace".to_owned()),
+                xman_mode: XmanMode::Load as i32,
+                latency_critical: vec![2],
+            }),
+        ),
+        (
+            ActionOperation::OnosFlowRule,
+            Spec::OnosFlowRule(OnosFlowRuleAction {
+                priority: 40_000,
+                queue_id: Some(1),
+                output_port: Some("2".to_owned()),
+                timeout_s: 600,
+                app_id: Some("org.cgloop".to_owned()),
+            }),
+        ),
+        (
+            ActionOperation::OnosQueue,
+            Spec::OnosQueue(OnosQueueAction {
+                port: "3".to_owned(),
+                queue_id: 1,
+                min_rate_bps: Some(10_000_000),
+                max_rate_bps: Some(90_000_000),
+                priority: Some(7),
+            }),
+        ),
+        (
+            ActionOperation::Notify,
+            Spec::Notify(NotifyAction {
+                message: "switch queue congested".to_owned(),
+            }),
+        ),
+    ];
+    let id = |n: u32| format!("{}{n}", &ACTION_ID[..ACTION_ID.len() - 2]);
+    let mut out: Vec<Action> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (operation, spec))| Action {
+            header: header(
+                "policy-engine",
+                10 + i as u64,
+                T0_NS + 700_000_000 + i as u64,
+            ),
+            id: id(20 + i as u32),
+            operation: operation as i32,
+            state: ActionState::Proposed as i32,
+            spec: Some(spec),
+            ..Default::default()
+        })
+        .collect();
+    out.push(Action {
+        header: header("policy-engine", 17, T0_NS + 800_000_000),
+        id: id(30),
+        operation: ActionOperation::ReprioritiseFlow as i32,
+        state: ActionState::Proposed as i32,
+        rollback_of_action_id: id(20),
+        spec: Some(Spec::Rollback(PreviousState {
+            state: Some(previous_state::State::FlowClass(
+                PreviousFlowClass::default(),
+            )),
+        })),
+        ..Default::default()
+    });
+    out
+}
+
+/// One applied result per member of PreviousState, the typed rollback state.
+fn typed_results() -> Vec<ActionResult> {
+    use previous_state::State;
+    let previous = vec![
+        State::FlowClass(PreviousFlowClass {
+            class_id: Some(0x10030),
+            rewrite_dscp: Some(0),
+        }),
+        State::ClassRate(PreviousClassRate {
+            class_id: 0x10030,
+            rate_bps: 250_000_000,
+            ceil_bps: 1_000_000_000,
+        }),
+        State::Chain(PreviousChain {
+            chain_id: "gaming-edge".to_owned(),
+            traffic_class: "gaming".to_owned(),
+            chain: Some(ServiceChain {
+                chain_id: "gaming-old".to_owned(),
+                traffic_class: "gaming".to_owned(),
+                functions: vec![ChainFunction {
+                    function: Some(chain_function::Function::Forward(Forward {})),
+                    ..Default::default()
+                }],
+            }),
+        }),
+        State::PowerPolicies(PreviousPowerPolicies {
+            policies: vec![PowerPolicy {
+                cores: vec![2, 3],
+                governor: "schedutil".to_owned(),
+                min_frequency_khz: 400_000,
+                max_frequency_khz: 3_000_000,
+                xman_mode: XmanMode::Feedback as i32,
+                forbid_cstates: true,
+            }],
+        }),
+        State::OnosFlowRule(InstalledFlowRule {
+            device_id: "of:0000000000000001".to_owned(),
+            flow_id: "49539596143441920".to_owned(),
+        }),
+    ];
+    previous
+        .into_iter()
+        .enumerate()
+        .map(|(i, state)| ActionResult {
+            header: header(
+                "policy-engine",
+                20 + i as u64,
+                T0_NS + 900_000_000 + i as u64,
+            ),
+            action_id: format!("{}{}", &ACTION_ID[..ACTION_ID.len() - 2], 20 + i),
+            state: ActionState::Applied as i32,
+            previous: Some(PreviousState { state: Some(state) }),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// A poison message from the flow topic: its value is not a valid FlowRecordBatch.

@@ -205,7 +205,10 @@ def format_schema() -> str:
     ordered = []
 
     def visit(fd: object) -> None:
-        if fd.name in seen:  # type: ignore[attr-defined]
+        # Only our package: node_agent.proto (whose chain functions actions embed) imports
+        # google/protobuf/descriptor.proto for its options, and ClickHouse cannot parse that
+        # file rendered as proto3; records never hold its messages.
+        if fd.name in seen or fd.package != "cgloop.v1":  # type: ignore[attr-defined]
             return
         seen.add(fd.name)  # type: ignore[attr-defined]
         for dep in fd.dependencies:  # type: ignore[attr-defined]

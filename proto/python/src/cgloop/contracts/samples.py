@@ -20,6 +20,7 @@ from cgloop.v1 import (
     detection_pb2,
     flow_pb2,
     int_pb2,
+    node_agent_pb2,
     node_pb2,
     probe_pb2,
 )
@@ -306,7 +307,9 @@ def _latency_summary(scale_ns: int) -> common_pb2.LatencySummary:
 
 
 def sample_action_batch() -> action_pb2.ActionBatch:
-    """One Action (proposed, dry run, itself a rollback) and one ActionResult (verified)."""
+    """One Action (proposed, dry run, itself a rollback) and one ActionResult (verified) as
+    engines wrote them before typed actions (parameter maps: old records still read), then one
+    typed Action per member of Action.spec and one ActionResult per member of PreviousState."""
     action = action_pb2.Action(
         header=_header("policy-engine", 3, T0_NS + 10_000_000),
         id=ACTION_ID,
@@ -354,9 +357,153 @@ def sample_action_batch() -> action_pb2.ActionBatch:
         verified_ns=T0_NS + 545_000_000,
         previous_parameters={"class_id": "0x00010010", "rewrite_dscp": "46"},
     )
-    return action_pb2.ActionBatch(
-        events=[action_pb2.ActionEvent(action=action), action_pb2.ActionEvent(result=result)]
+    events = [action_pb2.ActionEvent(action=action), action_pb2.ActionEvent(result=result)]
+    events += [action_pb2.ActionEvent(action=a) for a in _typed_actions()]
+    events += [action_pb2.ActionEvent(result=r) for r in _typed_results()]
+    return action_pb2.ActionBatch(events=events)
+
+
+def _sample_chain_functions() -> list[node_agent_pb2.ChainFunction]:
+    """Every function of the catalogue once (two Dpi for both members of each oneof)."""
+    na = node_agent_pb2
+    return [
+        na.ChainFunction(forward=na.Forward(), kind=na.FUNCTION_KIND_ELEMENTARY),
+        na.ChainFunction(
+            acl=na.Acl(proto=17, dst_port=49005, src_port=5004),
+            kind=na.FUNCTION_KIND_BASIC,
+            core=1,
+            packets=1_000,
+            dropped_packets=3,
+        ),
+        na.ChainFunction(mark=na.Mark(dscp=46, ecn=1), kind=na.FUNCTION_KIND_BASIC),
+        na.ChainFunction(rate_limit=na.RateLimit(rate_bps=50_000_000, burst_bytes=15_000)),
+        na.ChainFunction(mirror=na.Mirror(interface="veth-tap")),
+        na.ChainFunction(
+            dpi=na.Dpi(text="GFN", depth=64, mark_dscp=34), kind=na.FUNCTION_KIND_ADVANCED, core=2
+        ),
+        na.ChainFunction(dpi=na.Dpi(hex="4746", drop=na.DpiDrop()), core=3),
+    ]
+
+
+def _typed_actions() -> list[action_pb2.Action]:
+    """One action per member of Action.spec, the operation's typed parameters."""
+    na = node_agent_pb2
+    a = action_pb2
+    op = a.ActionOperation
+    specs = [
+        ("reprioritise_flow", a.ReprioritiseFlowAction(class_id=0x10010, rewrite_dscp=46)),
+        (
+            "set_class_rate",
+            a.SetClassRateAction(class_id=0x10030, rate_bps=50_000_000, ceil_bps=80_000_000),
+        ),
+        (
+            "set_chain",
+            a.SetChainAction(
+                chain_id="gaming-edge",
+                traffic_class="gaming",
+                functions=_sample_chain_functions(),
+                base_rtt_us=190,
+                free_cores=[2, 3],
+                processing_us=[0.0, 0.5, 0.5, 0.5, 0.5, 7.0, 7.5],
+            ),
+        ),
+        (
+            "set_power_policy",
+            a.SetPowerPolicyAction(
+                cores=[2, 3],
+                min_frequency_khz=800_000,
+                max_frequency_khz=2_400_000,
+                governor="userspace",
+                xman_mode=na.XMAN_MODE_LOAD,
+                latency_critical=[2],
+            ),
+        ),
+        (
+            "onos_flow_rule",
+            a.OnosFlowRuleAction(
+                priority=40_000, queue_id=1, output_port="2", timeout_s=600, app_id="org.cgloop"
+            ),
+        ),
+        (
+            "onos_queue",
+            a.OnosQueueAction(
+                port="3", queue_id=1, min_rate_bps=10_000_000, max_rate_bps=90_000_000, priority=7
+            ),
+        ),
+        ("notify", a.NotifyAction(message="switch queue congested")),
+    ]
+    out = []
+    for i, (name, spec) in enumerate(specs):
+        action = a.Action(
+            header=_header("policy-engine", 10 + i, T0_NS + 700_000_000 + i),
+            id=f"{ACTION_ID[:-2]}{20 + i}",
+            operation=op.Value(f"ACTION_OPERATION_{name.upper()}"),
+            state=a.ACTION_STATE_PROPOSED,
+        )
+        getattr(action, name).CopyFrom(spec)
+        out.append(action)
+    rollback = a.Action(
+        header=_header("policy-engine", 17, T0_NS + 800_000_000),
+        id=f"{ACTION_ID[:-2]}30",
+        operation=op.ACTION_OPERATION_REPRIORITISE_FLOW,
+        state=a.ACTION_STATE_PROPOSED,
+        rollback_of_action_id=f"{ACTION_ID[:-2]}20",
+        rollback=a.PreviousState(flow_class=a.PreviousFlowClass()),
     )
+    return [*out, rollback]
+
+
+def _typed_results() -> list[action_pb2.ActionResult]:
+    """One applied result per member of PreviousState, the typed rollback state."""
+    na = node_agent_pb2
+    a = action_pb2
+    previous = [
+        a.PreviousState(flow_class=a.PreviousFlowClass(class_id=0x10030, rewrite_dscp=0)),
+        a.PreviousState(
+            class_rate=a.PreviousClassRate(
+                class_id=0x10030, rate_bps=250_000_000, ceil_bps=1_000_000_000
+            )
+        ),
+        a.PreviousState(
+            chain=a.PreviousChain(
+                chain_id="gaming-edge",
+                traffic_class="gaming",
+                chain=na.ServiceChain(
+                    chain_id="gaming-old",
+                    traffic_class="gaming",
+                    functions=[na.ChainFunction(forward=na.Forward())],
+                ),
+            )
+        ),
+        a.PreviousState(
+            power_policies=a.PreviousPowerPolicies(
+                policies=[
+                    na.PowerPolicy(
+                        cores=[2, 3],
+                        governor="schedutil",
+                        min_frequency_khz=400_000,
+                        max_frequency_khz=3_000_000,
+                        xman_mode=na.XMAN_MODE_FEEDBACK,
+                        forbid_cstates=True,
+                    )
+                ]
+            )
+        ),
+        a.PreviousState(
+            onos_flow_rule=a.InstalledFlowRule(
+                device_id="of:0000000000000001", flow_id="49539596143441920"
+            )
+        ),
+    ]
+    return [
+        a.ActionResult(
+            header=_header("policy-engine", 20 + i, T0_NS + 900_000_000 + i),
+            action_id=f"{ACTION_ID[:-2]}{20 + i}",
+            state=a.ACTION_STATE_APPLIED,
+            previous=p,
+        )
+        for i, p in enumerate(previous)
+    ]
 
 
 def sample_dead_letter() -> deadletter_pb2.DeadLetter:
