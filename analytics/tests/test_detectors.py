@@ -8,8 +8,7 @@ import csv
 import pytest
 from cgloop.analytics.detectors import L4sAbuseDetector, QueueOverloadDetector, SloDetector
 from cgloop.analytics.features import conversations, split_directions
-from cgloop.analytics.pcap import records_from_pcap
-from cgloop.analytics.records import NS
+from cgloop.analytics.records import NS, records_from_pcap
 from cgloop.analytics.synthetic import Degradation, gaming_records
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K

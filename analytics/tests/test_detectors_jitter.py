@@ -17,7 +17,8 @@ import numpy as np
 from cgloop.analytics.detectors import SloDetector
 from cgloop.analytics.detectors.slo import SeriesParams
 from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
-from cgloop.analytics.records import NS, IntervalAccumulator, Packet
+from cgloop.analytics.packets import Packet, records_from_packets
+from cgloop.analytics.records import NS
 from cgloop.analytics.synthetic import gaming_records
 from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
@@ -114,19 +115,19 @@ def _bursty_uplink(seconds: float, fault_s: float, seed: int = 1) -> np.ndarray:
 def _through_queue(q: np.ndarray, seconds: float):
     """SYNTHETIC: a punctual input stream (RTP, a packet every 10 ms) and probes every 10 ms,
     both through the queue `q`; events as `_recorded` gives them."""
-    acc = IntervalAccumulator(source_id="synthetic/uplink", interval_ns=100 * MS)
     key = (CLIENT, SERVER, 49104, 49104, 17)
-    events = []
+    events, packets = [], []
     for n in range(int(seconds * 100)):
         sent = n * 10 * MS
         arrival = T0 + sent + 50_000 + int(q[n * 100] * MS)
         pkt = Packet(ts_ns=arrival, key=key, length=565, rtp_ssrc=7, rtp_pt=97, rtp_seq=n,
                      rtp_ts=n * 900, rtp_marker=True)
-        events += [(r.interval_end_ns, "flow", r) for r in acc.add(pkt)]
+        packets.append(pkt)
         psent = sent + 3 * MS
         rtt = 80_000 + int(q[min(len(q) - 1, n * 100 + 30)] * MS)
         events.append((T0 + psent + rtt, "probe", (T0 + psent, rtt)))
-    events += [(r.interval_end_ns, "flow", r) for r in acc.flush()]
+    recs = records_from_packets(packets, "synthetic/uplink", 100 * MS)
+    events += [(r.interval_end_ns, "flow", r) for r in recs]
     events.sort(key=lambda e: e[0])
     return events
 

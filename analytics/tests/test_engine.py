@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
-from cgloop.analytics.records import NS
+from cgloop.analytics.records import NS, records_from_pcap, sweeps
 from cgloop.analytics.synthetic import Degradation, gaming_records
 from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
@@ -16,7 +16,8 @@ def test_gaming_flow_classified_fast_then_slo_watched(small_model):
     eng = AnalyticsEngine(model, card.version)
     recs = gaming_records("gfn", 25, seed=11, degradations=(Degradation(12, 20, loss=0.2),))
     t0 = recs[0].interval_start_ns
-    out = [(r.interval_end_ns, d) for r in recs for d in eng.on_flows([r])]
+    # one call a sweep, as the worker gets the probe's batches
+    out = [(b[0].interval_end_ns, d) for b in sweeps(recs) for d in eng.on_flows(b)]
     cls = [(t, d) for t, d in out if d.kind == K.DETECTION_KIND_GAMING_FLOW_CLASSIFIED]
     assert len(cls) == 1
     t, d = cls[0]
@@ -62,7 +63,6 @@ def test_sequence_gap_is_a_telemetry_gap_detection():
 
 
 def test_pcap_records_out_of_order_are_not_gaps():
-    from cgloop.analytics.pcap import records_from_pcap
 
     from .conftest import need_data
 
@@ -97,8 +97,8 @@ def _classified_session(small_model) -> tuple[AnalyticsEngine, list[FlowRecord]]
     eng = AnalyticsEngine(model, card.version, EngineConfig(
         latency_slo_ms=20.0, slo_min_duration_s=1.0, latency_min_duration_s=0.05))
     recs = gaming_records("gfn", 3, seed=5)
-    for r in recs:
-        eng.on_flows([r])
+    for batch in sweeps(recs):
+        eng.on_flows(batch)
     return eng, recs
 
 

@@ -171,7 +171,7 @@ def test_an_unsigned_model_loads_only_when_explicitly_allowed(
     monkeypatch.setenv(ALLOW_UNSIGNED_ENV, "1")
     with caplog.at_level(logging.WARNING):
         loaded, _ = load(unsigned)
-    assert loaded.forest_ is not None
+    assert loaded.classifier.estimator_ is not None
     assert f"unsigned model; loaded anyway because {ALLOW_UNSIGNED_ENV}=1" in caplog.text
     # The opt-in never covers a signature that does not verify.
     with pytest.raises(ModelError, match="signature does not verify"):
@@ -194,3 +194,24 @@ def test_the_first_save_makes_a_private_key_and_signed_models_load(
     private_key.unlink()
     with pytest.raises(ModelError, match="no model key to check it"):
         load(tmp_path / "a.skops")
+
+
+def test_estimators_follow_the_sklearn_api(small_examples):
+    from cgloop.analytics.model import FlowAnomalyDetector, FlowClassifier, PlatformClassifier
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError
+
+    _, ex = small_examples
+    for est in (FlowClassifier(n_estimators=5), PlatformClassifier(n_estimators=5),
+                FlowAnomalyDetector(n_estimators=5)):
+        twin = clone(est)
+        assert twin.get_params() == est.get_params()
+        with pytest.raises(NotFittedError):
+            twin.predict(ex.X[:3])
+    clf = FlowClassifier(n_estimators=5).fit(ex.X, ex.y)
+    assert list(clf.classes_) == sorted(set(ex.y)) and clf.n_features_in_ == ex.X.shape[1]
+    assert clf.predict(ex.X[:3]).shape == (3,)
+    det = FlowAnomalyDetector(n_estimators=5).fit(ex.X)
+    assert set(det.predict(ex.X[:20])) <= {-1, 1}
+    with pytest.raises(ValueError, match="feature rows"):
+        clf.predict(ex.X[:3, :5])

@@ -1,5 +1,6 @@
-"""The pcap twin (`cgloop telemetry pcap`) on real captures in the lab's data folder (heistp/l4s-tests,
-BSD-2-Clause; ntop/nDPI test captures, LGPL-3.0), and on bad files. No root needed."""
+"""The pcap twin (`cgloop telemetry pcap`, and the Python module cgloop.pcaprecords built on the
+same code) on real captures in the lab's data folder (heistp/l4s-tests, BSD-2-Clause; ntop/nDPI
+test captures, LGPL-3.0), and on bad files. No root needed."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
+from cgloop import pcaprecords
 from cgloop.binaries import BinaryNotFound, find_binary
 from cgloop.telemetry.probe_cli import ProbeError, flow_totals, run_pcap
+from cgloop.v1.flow_pb2 import FlowRecordBatch
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 SKYPE = DATA / "l4s-tests" / "skype_bi_dualpi2_l.pcap.gz"
 RTP = DATA / "ndpi-pcaps" / "rtp.pcapng"
+ZOOM = DATA / "ndpi-pcaps" / "zoom.pcap"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,7 +79,10 @@ def test_json_output_uses_proto_field_names(run_cgloop):
     [
         (b"", "too short for a capture"),
         (b"this is not a capture at all", "not a pcap or pcapng file"),
-        (bytes.fromhex("d4c3b2a1020004000000000000000000ffff000001000000") + b"\x01\x02", "bad"),
+        (
+            bytes.fromhex("d4c3b2a1020004000000000000000000ffff000001000000") + b"\x01\x02",
+            "packet 1 at byte offset 24: truncated record header",
+        ),
     ],
 )
 def test_bad_files_are_refused_clearly(tmp_path: Path, content: bytes, message: str):
@@ -88,3 +95,48 @@ def test_bad_files_are_refused_clearly(tmp_path: Path, content: bytes, message: 
 def test_missing_file_is_named(tmp_path: Path):
     with pytest.raises(ProbeError, match=r"nope\.pcap"):
         run_pcap(tmp_path / "nope.pcap")
+
+
+# The Python module (cgloop.pcaprecords: training, `cgloop analytics pcap`, importers) and the
+# binary run the same twin: identical records, byte for byte, and the same counters.
+@pytest.mark.parametrize(
+    ("capture", "flags", "kwargs"),
+    [
+        (SKYPE, ["--interval-ms", "500"], {"interval_ms": 500}),
+        (RTP, ["--interval-ms", "0", "--direction", "egress"], {"interval_ms": 0,
+                                                               "direction": "egress"}),
+        (ZOOM, ["--burst-gap-us", "200", "--idle-timeout-ms", "2000", "--no-rtp"],
+         {"burst_gap_us": 200, "idle_timeout_ms": 2000, "rtp": False}),
+    ],
+)
+def test_python_module_gives_the_binarys_records(capture: Path, flags, kwargs):
+    result = run_pcap(need(capture), *flags)
+    batch, counters = pcaprecords.read(capture, **kwargs)
+    ours = FlowRecordBatch.FromString(batch).records
+    assert len(ours) == len(result.records) > 0
+    assert [r.SerializeToString() for r in ours] == [
+        r.SerializeToString() for r in result.records
+    ]
+    assert counters == result.summary
+    # bytes in, the same records out (named like the file, for the default source id)
+    again, _ = pcaprecords.read(capture.read_bytes(), name=capture.name, **kwargs)
+    assert again == batch
+
+
+def test_python_module_refuses_what_the_binary_refuses(tmp_path: Path):
+    raw = bytes.fromhex("d4c3b2a1020004000000000000000000ffff000001000000")
+    raw += bytes(16) + b"\x01\x02"  # a record header announcing 0 bytes, then 2 stray bytes
+    bad = tmp_path / "bad.pcap"
+    bad.write_bytes(raw)
+    with pytest.raises(ProbeError, match="packet 2 at byte offset 40"):
+        run_pcap(bad)
+    with pytest.raises(pcaprecords.CaptureError, match="packet 2 at byte offset 40") as refused:
+        pcaprecords.read(bad)
+    assert (refused.value.packet, refused.value.offset) == (2, 40)
+    assert isinstance(refused.value, ValueError)
+    with pytest.raises(ValueError, match="not a pcap or pcapng file"):
+        pcaprecords.read(b"this is not a capture at all")
+    with pytest.raises(ValueError, match="direction"):
+        pcaprecords.read(raw, direction="sideways")
+    with pytest.raises(OSError, match=r"nope\.pcap"):
+        pcaprecords.read(tmp_path / "nope.pcap")

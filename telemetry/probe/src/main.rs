@@ -2,21 +2,17 @@
 //!
 //! Both write flow records as length-delimited `cgloop.v1.FlowRecordBatch` messages (one per
 //! sweep) to a file or stdout, and/or produce them to Kafka topic `cgloop.flows.v1`.
-mod account;
 #[cfg(test)]
 mod agreement;
-mod bpf_types;
 mod kafka;
 mod metrics;
-mod parse;
-mod pcap;
 mod probe;
-mod sweep;
 
-mod skel {
-    #![allow(clippy::all, unused_imports, dead_code, non_camel_case_types)]
-    include!(concat!(env!("OUT_DIR"), "/flow_probe.skel.rs"));
-}
+// The twin's modules live in the library (shared with cgloop.pcaprecords); imported at the root
+// so `crate::sweep`, `crate::bpf_types` … read the same in the binary's own modules.
+use cgloop_probe::{bpf_types, pcap, skel, sweep};
+#[cfg(test)]
+use cgloop_probe::{account, parse};
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -28,9 +24,10 @@ use cgloop_proto::v1::{FlowRecord, FlowRecordBatch};
 use clap::{Args, Parser, Subcommand};
 use prost::Message;
 
-use crate::account::AccountConfig;
 use crate::kafka::{FlowProducer, KafkaConfig};
+use crate::pcap::{defaults, FlowSettings};
 use crate::sweep::SweepConfig;
+use cgloop_probe::account::AccountConfig;
 
 #[derive(Parser)]
 #[command(
@@ -55,19 +52,19 @@ enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct FlowArgs {
     /// Packets closer than this (µs) to the previous packet of their flow extend a burst.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = defaults::BURST_GAP_US)]
     burst_gap_us: u64,
     /// RTP clock for dynamic payload types (96-127), Hz.
-    #[arg(long, default_value_t = 90_000)]
+    #[arg(long, default_value_t = defaults::RTP_CLOCK_HZ)]
     rtp_clock_hz: u32,
     /// Do not look for RTP headers in UDP payloads.
     #[arg(long)]
     no_rtp: bool,
     /// A flow idle this long (ms) gets its final record and leaves the table.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = defaults::IDLE_TIMEOUT_MS)]
     idle_timeout_ms: u64,
     /// Idle timeout (ms) once FIN or RST was seen.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = defaults::TCP_END_TIMEOUT_MS)]
     tcp_end_timeout_ms: u64,
     /// Producer id written into every record header.
     #[arg(long)]
@@ -96,7 +93,7 @@ struct PcapArgs {
     /// Capture file (pcap or pcapng, optionally gzip-compressed).
     file: PathBuf,
     /// Sweep period on the capture's clock, ms (the probe's default); 0 = one record per flow.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = defaults::INTERVAL_MS)]
     interval_ms: u64,
     /// Direction to write into the records: unspecified, ingress or egress.
     #[arg(long, default_value = "unspecified")]
@@ -108,20 +105,23 @@ struct PcapArgs {
 }
 
 impl FlowArgs {
-    fn account(&self) -> AccountConfig {
-        AccountConfig {
-            burst_gap_ns: self.burst_gap_us * 1000,
-            rtp_default_clock_hz: self.rtp_clock_hz,
-            rtp_enabled: !self.no_rtp,
+    fn settings(&self) -> FlowSettings {
+        FlowSettings {
+            burst_gap_us: self.burst_gap_us,
+            rtp_clock_hz: self.rtp_clock_hz,
+            rtp: !self.no_rtp,
+            idle_timeout_ms: self.idle_timeout_ms,
+            tcp_end_timeout_ms: self.tcp_end_timeout_ms,
+            source_id: self.source_id.clone(),
         }
     }
 
+    fn account(&self) -> AccountConfig {
+        self.settings().account()
+    }
+
     fn sweep(&self, default_source: String) -> SweepConfig {
-        SweepConfig {
-            source_id: self.source_id.clone().unwrap_or(default_source),
-            idle_timeout_ns: self.idle_timeout_ms * 1_000_000,
-            tcp_end_timeout_ns: self.tcp_end_timeout_ms * 1_000_000,
-        }
+        self.settings().sweep(default_source)
     }
 }
 
@@ -191,35 +191,22 @@ impl Sink {
 }
 
 fn run_pcap(args: PcapArgs) -> Result<()> {
-    let direction = match args.direction.as_str() {
-        "unspecified" => 0,
-        "ingress" => bpf_types::DIR_INGRESS,
-        "egress" => bpf_types::DIR_EGRESS,
-        other => anyhow::bail!("--direction {other:?}: expected unspecified, ingress or egress"),
-    };
+    let direction = pcap::direction_from_name(&args.direction).context("--direction")?;
     let name = args
         .file
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let cfg = pcap::PcapConfig {
-        account: args.flow.account(),
-        sweep: args.flow.sweep(format!("pcap/{name}")),
-        interval_ns: args.interval_ms * 1_000_000,
-        direction,
-    };
+    let cfg = pcap::PcapConfig::new(&args.flow.settings(), args.interval_ms, direction, &name);
     let mut sink = Sink::open(&args.sink)?;
-    let summary = pcap::run(&args.file, &cfg, &mut |records| sink.emit(records))?;
+    let summary = pcap::run(&pcap::Capture::File(&args.file), &cfg, &mut |records| {
+        sink.emit(records)
+    })?;
     sink.finish()?;
     let mut stats = serde_json::Map::new();
-    for (name, value) in bpf_types::STAT_NAMES.iter().zip(summary.stats) {
-        stats.insert((*name).into(), value.into());
+    for (name, value) in summary.counters() {
+        stats.insert(name.into(), value.into());
     }
-    stats.insert(
-        "unsupported_link_frames".into(),
-        summary.unsupported_link_frames.into(),
-    );
-    stats.insert("records".into(), summary.records.into());
     if let Some(k) = &sink.kafka {
         use std::sync::atomic::Ordering::Relaxed;
         stats.insert(

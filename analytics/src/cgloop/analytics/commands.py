@@ -171,19 +171,19 @@ def register(app: typer.Typer) -> None:
         interval_ms: Annotated[int, typer.Option(help="export interval")] = 100,
         limit: Annotated[int, typer.Option(help="records to print (0: all)")] = 20,
     ) -> None:
-        """Turn a pcap into FlowRecords (offline stand-in for the probe) and print them."""
-        from cgloop.analytics.pcap import PcapError, PcapStats, records_from_pcap
+        """Turn a pcap into FlowRecords (the probe's pcap twin) and print them."""
+        from cgloop.analytics.records import read_capture
         from google.protobuf.json_format import MessageToDict
 
-        stats = PcapStats()
         try:
-            recs = records_from_pcap(file, interval_ms * 1_000_000, stats=stats)
-        except PcapError as exc:
+            recs, counters = read_capture(file, interval_ms * 1_000_000)
+        except (ValueError, OSError) as exc:
             _error(exc)
             raise typer.Exit(2) from exc
         for r in recs[: limit or None]:
             print(json.dumps(MessageToDict(r)))
-        console.print(f"{len(recs)} records from {stats}")
+        counted = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
+        console.print(f"{len(recs)} records ({counted})")
 
     @sub.command("detect-pcap")
     def detect_pcap(
@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
         """Run every detector (and the classifier) over a pcap; print the detections."""
         from cgloop.analytics.engine import AnalyticsEngine
         from cgloop.analytics.model import load
-        from cgloop.analytics.pcap import PcapError, records_from_pcap
+        from cgloop.analytics.records import records_from_pcap
         from google.protobuf.json_format import MessageToDict
 
         path = model or default_model_path()
@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         engine = AnalyticsEngine(clf, version)
         try:
             recs = records_from_pcap(file)
-        except PcapError as exc:
+        except (ValueError, OSError) as exc:
             _error(exc)
             raise typer.Exit(2) from exc
         n = 0

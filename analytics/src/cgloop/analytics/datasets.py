@@ -7,11 +7,12 @@ Every source ends as LabelledFlow objects holding FlowRecords, so features alway
 * Xbox Cloud Gaming (dcomp-leris/VR-AR-CG-network-telemetry, BSD-3-Clause): the files give one
   summary row per flow direction (mean size, mean gap, frames). Each row is expanded into a
   stationary packet sequence with those means (no variance is published, so none is invented)
-  and accumulated into interval records. Label: the UDP pair with an Xbox Cloud Gaming server
-  in 13.104.0.0/16 on a port in 1000-1120 is `cloud_gaming` (platform xc); every other row is
-  real background (`web_other`).
-* nDPI test pcaps (ntop/nDPI, LGPL-3.0): packets → records via `pcap.records_from_pcap`; each
-  conversation is labelled from nDPI's own dissection in the `.out` file next to the pcap.
+  and read by the probe's pcap twin like any capture (`packets.py`). Label: the UDP pair with
+  an Xbox Cloud Gaming server in 13.104.0.0/16 on a port in 1000-1120 is `cloud_gaming`
+  (platform xc); every other row is real background (`web_other`).
+* nDPI test pcaps (ntop/nDPI, LGPL-3.0): records from the probe's pcap twin
+  (`records.records_from_pcap`, i.e. `cgloop.pcaprecords`); each conversation is labelled from
+  nDPI's own dissection in the `.out` file next to the pcap.
 * Synthetic platform profiles (`synthetic.py`): marked synthetic everywhere.
 """
 
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 from cgloop.analytics.features import FEATURE_NAMES, conversations, window_features
-from cgloop.analytics.pcap import records_from_pcap
-from cgloop.analytics.records import NS, IntervalAccumulator, Packet, conversation_key
+from cgloop.analytics.packets import Packet, records_from_packets
+from cgloop.analytics.records import NS, conversation_key, records_from_pcap
 from cgloop.analytics.synthetic import PROFILES, gaming_records
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.flow_pb2 import FlowRecord
@@ -161,16 +162,11 @@ def xbox_flows(root: Path, max_background: int | None = None, seed: int = 0) -> 
         for j, k in enumerate(game_keys + bg_keys):
             is_game = j < len(game_keys)
             start = 1_700_000_000 * NS
-            acc = IntervalAccumulator(source_id=f"dataset/{capture}")
             packets: list[Packet] = []
             for i, row in enumerate(pairs[k]):
                 seed = zlib.crc32(f"{capture}/{j}/{i}".encode())
                 packets += _expand_row(row, seed=seed, start_ns=start)
-            packets.sort(key=lambda p: p.ts_ns)
-            recs: list[FlowRecord] = []
-            for p in packets:
-                recs.extend(acc.add(p))
-            recs.extend(acc.flush())
+            recs = records_from_packets(packets, f"dataset/{capture}")
             if not recs:
                 continue
             out.append(

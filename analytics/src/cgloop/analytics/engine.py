@@ -16,7 +16,7 @@ from cgloop.analytics.detectors.l4s import L4sAbuseDetector
 from cgloop.analytics.detectors.overload import QueueOverloadDetector
 from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, SloDetector
 from cgloop.analytics.features import FEATURE_NAMES, split_directions, window_features
-from cgloop.analytics.model import FlowClassifier
+from cgloop.analytics.model import FlowModel
 from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label, tuple_key
 from cgloop.v1.action_pb2 import Action, ActionOperation, ActionState
 from cgloop.v1.common_pb2 import FiveTuple
@@ -72,7 +72,7 @@ class EngineConfig:
 
 
 class AnalyticsEngine:
-    def __init__(self, model: FlowClassifier | None, model_version: str = "",
+    def __init__(self, model: FlowModel | None, model_version: str = "",
                  config: EngineConfig | None = None) -> None:
         self.model = model
         self.model_version = model_version

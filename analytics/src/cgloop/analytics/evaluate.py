@@ -24,6 +24,7 @@ from cgloop.analytics.model import (
     FORMAT_VERSION,
     MODEL_FORMAT,
     FlowClassifier,
+    FlowModel,
     ModelCard,
     new_version,
 )
@@ -107,13 +108,16 @@ def cross_validate(
     progress: Callable[[], None] | None = None,
     flows_meta: Sequence[LabelledFlow] | None = None,
 ) -> Evaluation:
+    """Held-out predictions of `estimator()` (a FlowClassifier) per capture group; the platform
+    forest of each fold has the same parameters."""
     groups = np.unique(ex.groups)
     n_splits = min(n_splits, len(groups))
     classes = np.array(sorted(set(ex.y)))
     proba = np.zeros((len(ex.y), len(classes)))
     plat_pred = np.array([""] * len(ex.y), dtype=object)
     for train, test in GroupKFold(n_splits=n_splits).split(ex.X, ex.y, ex.groups):
-        m = estimator().fit(ex.X[train], ex.y[train], ex.platform[train])
+        clf = estimator()
+        m = FlowModel.fit(ex.X[train], ex.y[train], ex.platform[train], **clf.get_params())
         p = m.predict_proba(ex.X[test])
         for j, c in enumerate(m.classes_):
             proba[test, np.searchsorted(classes, c)] = p[:, j]
@@ -182,9 +186,10 @@ def cross_validate(
 
 
 def train(ex: Examples, evaluation: Evaluation | None = None, **params) -> tuple[
-    FlowClassifier, ModelCard
+    FlowModel, ModelCard
 ]:
-    model = FlowClassifier(**params).fit(ex.X, ex.y, ex.platform)
+    """The deployed model on every example; `params` are FlowClassifier's."""
+    model = FlowModel.fit(ex.X, ex.y, ex.platform, **params)
     captures = sorted(set(ex.groups.tolist()))
     synthetic = sorted(set(ex.groups[ex.synthetic].tolist()))
     card = ModelCard(
@@ -194,8 +199,7 @@ def train(ex: Examples, evaluation: Evaluation | None = None, **params) -> tuple
         created=new_version(),
         features=list(CLASSIFIER_FEATURES),
         classes=[str(c) for c in model.classes_],
-        platforms=[] if model.platform_forest_ is None else [
-            str(c) for c in model.platform_forest_.classes_],
+        platforms=[] if model.platform is None else [str(c) for c in model.platform.classes_],
         training_data_sha256=ex.digest(),
         training_examples=len(ex.y),
         training_captures=captures,

@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import zipfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,8 +33,9 @@ import numpy as np
 import skops.io as sio
 from cgloop.analytics.features import CLASSIFIER_FEATURES, FEATURE_NAMES, INDEX
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, OutlierMixin
 from sklearn.ensemble import IsolationForest, RandomForestClassifier
+from sklearn.utils.validation import check_is_fitted
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +86,24 @@ def _anomaly_space(X) -> np.ndarray:
     return np.log1p(np.abs(np.asarray(X, dtype=np.float64)))
 
 
+def _full_rows(X) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES):
+        raise ValueError(f"expected (n, {len(FEATURE_NAMES)}) feature rows, got {X.shape}")
+    return X
+
+
+def _select(X) -> np.ndarray:
+    """The classifier's columns (CLASSIFIER_FEATURES) of full feature rows."""
+    return _full_rows(X)[:, [INDEX[n] for n in CLASSIFIER_FEATURES]]
+
+
 class FlowClassifier(ClassifierMixin, BaseEstimator):
-    """Cloud gaming vs other traffic classes, plus the gaming platform where known.
+    """Traffic class of a flow window (cloud gaming, video streaming, …): one class-balanced
+    random forest.
 
     Takes full feature vectors (features.FEATURE_NAMES order) and uses CLASSIFIER_FEATURES.
+    Fitted: `estimator_` (the forest), `classes_`, `n_features_in_`.
     """
 
     def __init__(
@@ -104,59 +120,128 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.n_jobs = n_jobs
 
-    def _forest(self) -> RandomForestClassifier:
-        return RandomForestClassifier(
+    def fit(self, X, y) -> FlowClassifier:
+        Xs = _select(X)
+        self.estimator_ = RandomForestClassifier(
             n_estimators=self.n_estimators,
             max_depth=self.max_depth,
             min_samples_leaf=self.min_samples_leaf,
             class_weight="balanced_subsample",  # gaming flows are a few among thousands
             random_state=self.random_state,
             n_jobs=self.n_jobs,
+        ).fit(Xs, np.asarray(y))
+        self.classes_ = self.estimator_.classes_
+        self.n_features_in_ = len(FEATURE_NAMES)
+        return self
+
+    @classmethod
+    def from_forest(cls, forest: RandomForestClassifier) -> FlowClassifier:
+        """A fitted classifier around a forest read from a model file."""
+        est = cls(
+            n_estimators=forest.n_estimators,
+            max_depth=forest.max_depth,
+            min_samples_leaf=forest.min_samples_leaf,
+            random_state=forest.random_state,
+            n_jobs=forest.n_jobs,
         )
+        est.estimator_, est.classes_ = forest, forest.classes_
+        est.n_features_in_ = len(FEATURE_NAMES)
+        return est
 
-    @staticmethod
-    def _select(X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES):
-            raise ValueError(f"expected (n, {len(FEATURE_NAMES)}) feature rows, got {X.shape}")
-        return X[:, [INDEX[n] for n in CLASSIFIER_FEATURES]]
+    def predict_proba(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        return self.estimator_.predict_proba(_select(X))
 
-    def fit(self, X, y, platform=None) -> FlowClassifier:
-        Xs = self._select(X)
+    def predict(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+
+
+class PlatformClassifier(FlowClassifier):
+    """Platform of a cloud-gaming flow (gfn, std, psn, xc): the same kind of forest, trained on
+    the gaming windows that carry a platform label."""
+
+
+class FlowAnomalyDetector(OutlierMixin, BaseEstimator):
+    """Unknown-anomaly scores over ALL features (dashboards only, never remediation): an
+    IsolationForest on log-scaled features. Fitted: `estimator_`, `n_features_in_`."""
+
+    def __init__(
+        self, n_estimators: int = 100, contamination: float = 0.01, random_state: int = 0
+    ) -> None:
+        self.n_estimators = n_estimators
+        self.contamination = contamination
+        self.random_state = random_state
+
+    def fit(self, X, y=None) -> FlowAnomalyDetector:
+        self.estimator_ = IsolationForest(
+            n_estimators=self.n_estimators,
+            contamination=self.contamination,
+            random_state=self.random_state,
+        ).fit(_anomaly_space(_full_rows(X)))
+        self.n_features_in_ = len(FEATURE_NAMES)
+        return self
+
+    @classmethod
+    def from_forest(cls, forest: IsolationForest) -> FlowAnomalyDetector:
+        est = cls(forest.n_estimators, forest.contamination, forest.random_state)
+        est.estimator_, est.n_features_in_ = forest, len(FEATURE_NAMES)
+        return est
+
+    def decision_function(self, X) -> np.ndarray:
+        """Negative means anomalous (lower is stranger)."""
+        check_is_fitted(self)
+        return self.estimator_.decision_function(_anomaly_space(_full_rows(X)))
+
+    def predict(self, X) -> np.ndarray:
+        return np.where(self.decision_function(X) < 0, -1, 1)
+
+
+@dataclass
+class FlowModel:
+    """What a model file holds and the engine runs: the class, the platform of gaming flows
+    (None when the training data named fewer than two) and the anomaly score."""
+
+    classifier: FlowClassifier
+    platform: PlatformClassifier | None = None
+    anomaly: FlowAnomalyDetector | None = None
+
+    @classmethod
+    def fit(cls, X, y, platform=None, **params) -> FlowModel:
+        """Train all three on full feature rows; `params` go to both forests."""
         y = np.asarray(y)
-        self.forest_ = self._forest().fit(Xs, y)
-        self.classes_ = self.forest_.classes_
-        self.platform_forest_ = None
+        model = cls(FlowClassifier(**params).fit(X, y))
         if platform is not None:
             platform = np.asarray(platform)
             mask = (y == "cloud_gaming") & (platform != "")
             if len(set(platform[mask])) > 1:
-                self.platform_forest_ = self._forest().fit(Xs[mask], platform[mask])
-        # Unknown-anomaly model over ALL features (dashboards only, never remediation).
-        self.anomaly_ = IsolationForest(
-            n_estimators=100, contamination=0.01, random_state=self.random_state
-        ).fit(_anomaly_space(X))
-        return self
+                model.platform = PlatformClassifier(**params).fit(np.asarray(X)[mask],
+                                                                  platform[mask])
+        model.anomaly = FlowAnomalyDetector(random_state=model.classifier.random_state).fit(X)
+        return model
 
-    def anomaly_score(self, X) -> np.ndarray:
-        """IsolationForest decision function: negative means anomalous (lower is stranger)."""
-        if getattr(self, "anomaly_", None) is None:
-            return np.zeros(len(X))
-        return self.anomaly_.decision_function(_anomaly_space(X))
+    @property
+    def classes_(self) -> np.ndarray:
+        return self.classifier.classes_
 
     def predict_proba(self, X) -> np.ndarray:
-        return self.forest_.predict_proba(self._select(X))
+        return self.classifier.predict_proba(X)
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        return self.classifier.predict(X)
 
     def predict_platform(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(platform, probability) for each row, assuming it is cloud gaming."""
         n = len(X)
-        if self.platform_forest_ is None:
+        if self.platform is None:
             return np.array([""] * n), np.zeros(n)
-        p = self.platform_forest_.predict_proba(self._select(X))
-        return self.platform_forest_.classes_[p.argmax(1)], p.max(1)
+        p = self.platform.predict_proba(X)
+        return self.platform.classes_[p.argmax(1)], p.max(1)
+
+    def anomaly_score(self, X) -> np.ndarray:
+        if self.anomaly is None:
+            return np.zeros(len(X))
+        return self.anomaly.decision_function(X)
 
 
 # ---------------------------------------------------------------- model files
@@ -232,13 +317,15 @@ def new_version() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def save(model: FlowClassifier, card: ModelCard, path: Path | str) -> ModelCard:
+def save(model: FlowModel, card: ModelCard, path: Path | str) -> ModelCard:
     path = Path(path)
-    payload = {"forest": model.forest_}
-    if model.platform_forest_ is not None:
-        payload["platform_forest"] = model.platform_forest_
-    if getattr(model, "anomaly_", None) is not None:
-        payload["anomaly"] = model.anomaly_
+    # The file holds the sklearn forests themselves (the allow-listed types), as it always has.
+    check_is_fitted(model.classifier)
+    payload = {"forest": model.classifier.estimator_}
+    if model.platform is not None:
+        payload["platform_forest"] = model.platform.estimator_
+    if model.anomaly is not None:
+        payload["anomaly"] = model.anomaly.estimator_
     buf = io.BytesIO(sio.dumps(payload))
     if not os.environ.get(KEY_ENV):
         ensure_key()  # the first model trained on a machine makes its key
@@ -291,7 +378,7 @@ def read_card(path: Path | str) -> ModelCard:
     return card
 
 
-def load(path: Path | str) -> tuple[FlowClassifier, ModelCard]:
+def load(path: Path | str) -> tuple[FlowModel, ModelCard]:
     path = Path(path)
     card = read_card(path)
     if tuple(card.features) != CLASSIFIER_FEATURES:
@@ -307,9 +394,10 @@ def load(path: Path | str) -> tuple[FlowClassifier, ModelCard]:
         payload = sio.loads(data, trusted=TRUSTED_TYPES)
     except Exception as exc:  # skops raises many types on malformed archives
         raise ModelError(f"{path}: cannot load model: {exc}") from exc
-    model = FlowClassifier()
-    model.forest_ = payload["forest"]
-    model.classes_ = model.forest_.classes_
-    model.platform_forest_ = payload.get("platform_forest")
-    model.anomaly_ = payload.get("anomaly")
+    platform, anomaly = payload.get("platform_forest"), payload.get("anomaly")
+    model = FlowModel(
+        FlowClassifier.from_forest(payload["forest"]),
+        None if platform is None else PlatformClassifier.from_forest(platform),
+        None if anomaly is None else FlowAnomalyDetector.from_forest(anomaly),
+    )
     return model, card

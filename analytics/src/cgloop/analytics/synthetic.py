@@ -1,8 +1,9 @@
 """Synthetic cloud-gaming traffic from the published platform profiles (MOSAICO D234 §2.1).
 
 Everything generated here is marked synthetic (LabelledFlow.synthetic, dataset manifests and
-reports). Packets go through the same IntervalAccumulator as pcaps, so the records have the
-probe's shape. Degradations (loss, jitter, rate caps) plant SLO episodes for detector tests.
+reports). The packets are read as a capture by the probe's pcap twin (`packets.py`), so the
+records are the probe's. Degradations (loss, jitter, rate caps) plant SLO episodes for detector
+tests.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from cgloop.analytics.records import NS, IntervalAccumulator, Packet
+from cgloop.analytics.packets import Packet, records_from_packets
+from cgloop.analytics.records import NS
 from cgloop.v1.flow_pb2 import FlowRecord
 
 
@@ -108,10 +110,5 @@ def gaming_records(
     degradations: tuple[Degradation, ...] = (),
     **kw,
 ) -> list[FlowRecord]:
-    acc = IntervalAccumulator(source_id=f"synthetic/{platform}", interval_ns=interval_ns)
-    out: list[FlowRecord] = []
-    for p in gaming_packets(PROFILES[platform], duration_s, seed, degradations=degradations, **kw):
-        out.extend(acc.add(p))
-    out.extend(acc.flush())
-    out.sort(key=lambda r: r.interval_start_ns)
-    return out
+    packets = gaming_packets(PROFILES[platform], duration_s, seed, degradations=degradations, **kw)
+    return records_from_packets(packets, f"synthetic/{platform}", interval_ns)

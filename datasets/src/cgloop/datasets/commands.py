@@ -511,7 +511,7 @@ _SCENARIOS = {
         timestamp_source="pcap packet timestamps",
         timestamp_resolution_ns=1000,
         clock_sync="none (single capture clock per file)",
-        notes="flow records from analytics' offline probe stand-in (dpkt), 100 ms intervals",
+        notes="flow records from the probe's Rust pcap twin (cgloop.pcaprecords), 100 ms intervals",
     ),
     "loop-demo": dict(
         synthetic=True,

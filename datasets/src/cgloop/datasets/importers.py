@@ -1,4 +1,5 @@
-"""Importers: third-party data (the lab's data folder (docs/sources.md)) and a synthetic loop scenario into the store.
+"""Importers: third-party data (the lab's data folder, docs/sources.md) and a synthetic loop
+scenario into the store.
 
 * Xbox Cloud Gaming (dcomp-leris, BSD-3-Clause): `Features/exNN.csv` -> `flow_features`,
   labelled with the README's rule (the UDP flow pair with an Xbox Cloud Gaming server in
@@ -6,9 +7,8 @@
   `INT data/ExNN.csv` (per-second BMv2 queue telemetry) -> `int_queue_records`, one row per
   direction (egress_port 1 downlink, 2 uplink; occupancy in packets as BMv2 counts it;
   deq_timedelta is in microseconds).
-* pcaps -> `flow_records` through the same protobuf path as the sink. The reader is
-  analytics' offline probe stand-in (`cgloop.analytics.pcap.records_from_pcap`, dpkt) until
-  the probe's Rust pcap twin is available.
+* pcaps -> `flow_records` through the same protobuf path as the sink. The records are the
+  probe's own: its Rust pcap twin (`cgloop.pcaprecords`, the code `cgloop-probe pcap` runs).
 * `loop_demo`: a synthetic closed-loop episode (flows, a classification, an SLO detection, an
   action and its verified result) for the cookbook; labelled synthetic in its manifest.
 """
@@ -121,22 +121,21 @@ def import_xbox(client: Client, root: Path) -> dict[str, int]:
 
 def import_pcaps(client: Client, paths: list[Path], chunk: int = 5000) -> dict[str, int]:
     """Flow records of each capture, written exactly as the sink writes Kafka batches."""
-    try:
-        from cgloop.analytics.pcap import records_from_pcap
-    except ModuleNotFoundError:
-        raise ImportError_(
-            "the pcap reader lives in cgloop-analytics: `uv sync --all-packages`"
-        ) from None
+    from cgloop import pcaprecords
     from cgloop.v1.flow_pb2 import FlowRecordBatch
 
     writer = StoreWriter(client)
     kind = KINDS[FLOWS.name]
     total = 0
     for path in paths:
-        records = records_from_pcap(path, source_id=f"pcap/{path.name}")
+        try:
+            batch, _ = pcaprecords.read(path, source_id=f"pcap/{path.name}")
+        except (ValueError, OSError) as exc:
+            raise ImportError_(str(exc)) from None
+        records = FlowRecordBatch.FromString(batch).records
         for i in range(0, len(records), chunk):
-            batch = FlowRecordBatch(records=records[i : i + chunk])
-            writer.insert(kind, [encode(batch)], f"pcap/{path.name}/{i}")
+            part = FlowRecordBatch(records=records[i : i + chunk])
+            writer.insert(kind, [encode(part)], f"pcap/{path.name}/{i}")
         total += len(records)
     return {"flow_records": total}
 
