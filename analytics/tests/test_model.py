@@ -215,3 +215,16 @@ def test_estimators_follow_the_sklearn_api(small_examples):
     assert set(det.predict(ex.X[:20])) <= {-1, 1}
     with pytest.raises(ValueError, match="feature rows"):
         clf.predict(ex.X[:3, :5])
+
+
+def test_a_model_trained_on_other_records_is_refused(small_model, tmp_path):
+    # Signed and sound, but its training records did not come from the probe's pcap twin (a
+    # model of the former Python accumulator): set-up's model-info check fails, so it retrains.
+    model, card = small_model
+    old = tmp_path / "old.skops"
+    save(model, card.model_copy(update={"records_source": ""}), old)
+    with pytest.raises(ModelError, match=r"former Python packet accumulator.*retrain"):
+        load(old)
+    new = tmp_path / "new.skops"
+    save(model, card, new)
+    assert load(new)[1].records_source == card.records_source != ""

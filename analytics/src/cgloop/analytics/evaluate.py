@@ -23,6 +23,7 @@ from cgloop.analytics.features import CLASSIFIER_FEATURES
 from cgloop.analytics.model import (
     FORMAT_VERSION,
     MODEL_FORMAT,
+    RECORDS_SOURCE,
     FlowClassifier,
     FlowModel,
     ModelCard,
@@ -205,6 +206,7 @@ def train(ex: Examples, evaluation: Evaluation | None = None, **params) -> tuple
         training_captures=captures,
         synthetic_captures=synthetic,
         metrics=evaluation.metrics() if evaluation else {},
+        records_source=RECORDS_SOURCE,
     )
     return model, card
 

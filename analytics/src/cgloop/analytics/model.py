@@ -45,6 +45,10 @@ CARD_MEMBER = "cgloop-card.json"
 KEY_ENV = "CGLOOP_MODEL_KEY"
 KEY_FILE_ENV = "CGLOOP_MODEL_KEY_FILE"
 ALLOW_UNSIGNED_ENV = "CGLOOP_MODEL_ALLOW_UNSIGNED"
+# Where the training records came from. A model trained on records of another packet → record
+# path (the former Python accumulator: no RTP probation, another burst gap and idle timeout)
+# learnt records the probe never exports: refused like a foreign feature list, so set-up retrains.
+RECORDS_SOURCE = "cgloop.pcaprecords/1 (the probe's pcap twin)"
 # Types a model file may contain besides skops' defaults (numpy, builtins).
 TRUSTED_TYPES = [
     "sklearn.ensemble._forest.RandomForestClassifier",
@@ -77,6 +81,7 @@ class ModelCard(BaseModel):
     training_captures: list[str]
     synthetic_captures: list[str]
     metrics: dict[str, float | dict[str, float]]
+    records_source: str = ""  # RECORDS_SOURCE of the build that trained it ("" before it existed)
     content_sha256: str = ""
     hmac_sha256: str = ""
 
@@ -385,6 +390,12 @@ def load(path: Path | str) -> tuple[FlowModel, ModelCard]:
         raise ModelError(
             f"{path}: model uses features {card.features}, this build computes "
             f"{list(CLASSIFIER_FEATURES)}: retrain with `cgloop train`"
+        )
+    if card.records_source != RECORDS_SOURCE:
+        source = card.records_source or "the former Python packet accumulator"
+        raise ModelError(
+            f"{path}: trained on records from {source}, this build's come from "
+            f"{RECORDS_SOURCE}: retrain with `cgloop train`"
         )
     data = path.read_bytes()
     untrusted = set(sio.get_untrusted_types(data=data)) - set(TRUSTED_TYPES)
