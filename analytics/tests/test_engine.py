@@ -140,7 +140,7 @@ def _reprioritised(
     action = apb.Action(
         id=action_id,
         operation=apb.ACTION_OPERATION_REPRIORITISE_FLOW,
-        parameters={"class_id": "0x10020", "rewrite_dscp": "46"},
+        reprioritise_flow=apb.ReprioritiseFlowAction(class_id=0x10020, rewrite_dscp=46),
         target=apb.ActionTarget(flow=flow),
     )
     result = apb.ActionResult(

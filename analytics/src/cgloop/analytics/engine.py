@@ -259,7 +259,7 @@ class AnalyticsEngine:
             if which == "action":
                 a = e.action
                 if (a.operation == ActionOperation.ACTION_OPERATION_REPRIORITISE_FLOW
-                        and "rewrite_dscp" in a.parameters and not a.dry_run):
+                        and _rewrite_dscp(a) is not None and not a.dry_run):
                     self._actions[a.id] = a
                     while len(self._actions) > 10_000:
                         self._actions.popitem(last=False)
@@ -271,9 +271,8 @@ class AnalyticsEngine:
                 direction = tuple_key(a.target.flow)
                 if e.result.state in (ActionState.ACTION_STATE_APPLIED,
                                       ActionState.ACTION_STATE_VERIFIED):
-                    try:
-                        dscp = int(a.parameters["rewrite_dscp"], 0)
-                    except ValueError:
+                    dscp = _rewrite_dscp(a)
+                    if dscp is None:
                         continue
                     applied = e.result.applied_ns or e.result.header.timestamp_ns
                     self.flow_dscp.setdefault(key, {})[direction] = (dscp, applied)
@@ -381,3 +380,15 @@ def five_tuple_of(key: TupleKey) -> FiveTuple:
 
 
 __all__ = ["AnalyticsEngine", "EngineConfig", "Suppressor"]
+
+
+def _rewrite_dscp(a: Action) -> int | None:
+    """The DSCP a reprioritise_flow action marks the flow with: its typed parameters
+    (Action.reprioritise_flow), or the `parameters` map of an action decided before them."""
+    if a.HasField("reprioritise_flow"):
+        spec = a.reprioritise_flow
+        return spec.rewrite_dscp if spec.HasField("rewrite_dscp") else None
+    try:
+        return int(a.parameters["rewrite_dscp"], 0)
+    except (KeyError, ValueError):
+        return None
