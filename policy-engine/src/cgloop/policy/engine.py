@@ -1,10 +1,13 @@
 """The policy engine: detections in, guarded and verified actions out.
 
-Decision (`on_detection`): match policies, apply hysteresis, resolve the target, derive a
-deterministic action id (policy, triggering detection, target), check guards. Execution:
-PROPOSED -> REFUSED | APPLIED -> VERIFIED | ROLLED_BACK, or FAILED / EXPIRED; approval mode
-parks the action as PROPOSED until an operator approves it. Every state change is journaled
-before it is announced, and announced as an ActionEvent (cgloop.actions.v1).
+Three parts: deciding (cgloop.policy.decide: match policies, apply hysteresis, resolve the
+target and the typed parameters, derive a deterministic action id from policy, triggering
+detection and target), executing (this module: guards, the journal, the actuators, approval,
+restart) and verifying (cgloop.policy.verify: the verdict on the expected effect, which the
+engine acts on by keeping or rolling back). Life cycle: PROPOSED -> REFUSED | APPLIED ->
+VERIFIED | ROLLED_BACK, or FAILED / EXPIRED; approval mode parks the action as PROPOSED until
+an operator approves it. Every state change is journaled before it is announced, and announced
+as an ActionEvent (cgloop.actions.v1).
 
 Loop timing: the detection's window end (telemetry time) and header timestamp (detection
 time), the action's header timestamp (decision), the result's applied_ns and verified_ns are
@@ -17,18 +20,17 @@ import heapq
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
-from cgloop.policy import detections as dets
-from cgloop.policy import parameters
+from cgloop.policy import decide, parameters, verify
 from cgloop.policy.actuators import Actuator, ActuatorError, Applied
-from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
+from cgloop.policy.decide import ID_NAMESPACE, OPERATION, OPERATION_NAME
+from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
 from cgloop.policy.journal import FINAL, Entry, Journal
-from cgloop.policy.model import Comparator, Mode, Operation, Policy, Subject, Verdict
+from cgloop.policy.model import Mode, Policy
 from cgloop.policy.telemetry import TelemetryReader
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -36,24 +38,12 @@ from cgloop.v1.common_pb2 import RecordHeader
 
 log = logging.getLogger(__name__)
 
-ID_NAMESPACE = uuid.UUID("6b1f3c2e-4a57-4d0e-9a3c-5c1a0e7f2b90")
-OPERATION = {op: apb.ActionOperation.Value(f"ACTION_OPERATION_{op.name}") for op in Operation}
-OPERATION_NAME = {v: k for k, v in OPERATION.items()}
-COMPARATOR = {c: apb.Comparator.Value(f"COMPARATOR_{c.name}") for c in Comparator}
-LEVEL = {"micro": apb.ACTION_LEVEL_MICRO, "global": apb.ACTION_LEVEL_GLOBAL}
-VERDICT = {Verdict.WORSE: apb.VERDICT_WORSE, Verdict.NO_EFFECT: apb.VERDICT_NO_EFFECT}
-
-
-class MissingLabel(ValueError):
-    pass
+# Kept importable from here (service, tests).
+__all__ = ["ID_NAMESPACE", "OPERATION", "OPERATION_NAME", "Engine", "events_by_key"]
 
 
 @dataclass
-class EngineStats:
-    detections: int = 0
-    duplicates: int = 0
-    unmatched: int = 0
-    pending_trigger: int = 0
+class EngineStats(decide.DecideStats):
     refused: int = 0
     applied: int = 0
     verified: int = 0
@@ -61,12 +51,6 @@ class EngineStats:
     failed: int = 0
     expired: int = 0
     skipped_known: int = 0
-
-
-@dataclass
-class _Trigger:
-    count: int = 0
-    last_ns: int = 0
 
 
 @dataclass
@@ -97,14 +81,8 @@ class Engine:
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
         self.by_id = {p.id: p for p in self.policies}
-        self._by_kind: dict[object, list[Policy]] = {}
-        for p in self.policies:  # already in priority order
-            if p.enabled:
-                for k in p.match.kinds:
-                    self._by_kind.setdefault(k, []).append(p)
         self.stats = EngineStats()
-        self._triggers: dict[tuple[str, str], _Trigger] = {}
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self.decider = decide.Decider(self.policies, self.remember_detections, self.stats)
         # (journal sequence of the event's row, event): announced once that row is durable.
         self._outbox: list[tuple[int, apb.ActionEvent]] = []
         self._inflight: list[tuple[Entry, int, Future[Applied]]] = []
@@ -264,176 +242,28 @@ class Engine:
         for (entry, end), fut in zip(live, futures, strict=True):
             self._record_apply(entry, end, fut)
 
-    def _matches(self, p: Policy, det: dpb.Detection, subject: Subject | None) -> bool | None:
-        """True: matches; False: same kind and subject type but below the bar; None: unrelated."""
-        if p.match.subject is not Subject.ANY and subject is not p.match.subject:
-            return None
-        for k, v in p.match.labels.items():
-            if k not in det.labels or (v != "*" and det.labels[k] != v):
-                return None
-        return (
-            dets.severity_rank(det) >= p.match.severity_at_least.rank
-            and det.confidence >= p.match.min_confidence
-        )
-
     def on_detection(self, det: dpb.Detection) -> None:
-        self.stats.detections += 1
-        if det.id and det.id in self._seen:
-            self.stats.duplicates += 1  # Kafka redelivery: counted once
-            return
-        if det.id:
-            self._seen[det.id] = None
-            if len(self._seen) > self.remember_detections:
-                self._seen.popitem(last=False)
-        candidates = self._by_kind.get(dets.kind_of(det))
-        if not candidates:
-            self.stats.unmatched += 1
-            return
-        subject = dets.subject_of(det)
-        skey = ""  # built only for a policy that matches (most detections match none)
         now = self.clock()
-        acted = False
-        for p in candidates:
-            m = self._matches(p, det, subject)
-            if m is None:
-                continue
-            skey = skey or dets.subject_key(det)
-            trig = self._triggers.setdefault((p.id, skey), _Trigger())
-            if not m:
-                trig.count = 0  # recovered below the bar: hysteresis starts again
-                continue
-            if trig.count and now - trig.last_ns > p.trigger.within * NS:
-                trig.count = 0
-            trig.count += 1
-            trig.last_ns = now
-            if trig.count < p.trigger.consecutive:
-                self.stats.pending_trigger += 1
-                continue
-            trig.count = 0
-            acted = True
+        for p, skey in self.decider.triggered(det, now):
             self._decide(p, det, skey, now)
-        if not acted:
-            self.stats.unmatched += 1
 
-    def _resolve(self, template: str | None, det: dpb.Detection) -> str:
-        if not template:
-            return ""
-        out = template.replace("{subject}", dets.subject_value(det))
-        while "{label:" in out:
-            start = out.index("{label:")
-            end = out.index("}", start)
-            name = out[start + 7 : end]
-            if name not in det.labels:
-                raise MissingLabel(f"the detection has no label {name!r}")
-            out = out[:start] + det.labels[name] + out[end + 1 :]
-        return out
-
-    def _target(self, p: Policy, det: dpb.Detection) -> apb.ActionTarget:
-        t = p.action.target
-        target = apb.ActionTarget(
-            node_id=self._resolve(t.node_id, det),
-            interface_name=self._resolve(t.interface_name, det),
-            device_id=self._resolve(t.device_id, det),
-        )
-        which = det.WhichOneof("subject")
-        if which == "flow":
-            target.flow.CopyFrom(det.flow)
-        elif which == "queue":
-            target.node_id = target.node_id or det.queue.node_id
-            target.interface_name = target.interface_name or det.queue.interface_name
-            target.queue_id = det.queue.queue_id
-        elif which == "node_id":
-            target.node_id = target.node_id or det.node_id
-        if t.queue_id is not None:
-            target.queue_id = t.queue_id
-        return target
-
-    @staticmethod
-    def target_key(op: Operation, target: apb.ActionTarget) -> str:
-        parts = [f"node={target.node_id}"] if target.node_id else []
-        if target.device_id:
-            parts.append(f"device={target.device_id}")
-        if op in (Operation.REPRIORITISE_FLOW,) and target.HasField("flow"):
-            parts.append(f"flow={dets.flow_text(target.flow)}")
-        if op in (Operation.SET_CLASS_RATE, Operation.REPRIORITISE_FLOW) and target.interface_name:
-            parts.append(f"if={target.interface_name}")
-        if op in (Operation.ONOS_QUEUE,):
-            parts.append(f"queue={target.queue_id}")
-        return ";".join(parts) or "global"
-
-    @staticmethod
-    def _numbers(action: apb.Action) -> dict[str, float]:
-        """The action's numeric parameters, for the guards' bounds ({} if unreadable)."""
-        try:
-            return parameters.numbers(parameters.spec_of(action))
-        except parameters.ParameterError:
-            return {}
-
-    def _spec(self, p: Policy, det: dpb.Detection):  # -> the operation's message
-        """The policy's parameters as the operation's message, templates resolved."""
-        return parameters.parse(
-            p.action.operation.value,
-            parameters.resolve(p.action.parameters, lambda text: self._resolve(text, det)),
-        )
+    target_key = staticmethod(decide.target_key)
 
     def _decide(self, p: Policy, det: dpb.Detection, skey: str, now: int) -> None:
-        op = p.action.operation
-        action = apb.Action(
-            header=self._header(now),
-            reason_detection_ids=[det.id] if det.id else [],
-            policy_id=p.id,
-            level=LEVEL[p.level.value],
-            operation=OPERATION[op],
-            deadline_ns=now + int(p.action.deadline * NS),
-            state=apb.ACTION_STATE_PROPOSED,
-            dry_run=p.mode is Mode.DRY_RUN,
+        proposed = decide.Decider.propose(
+            p, det, skey, now, self._header(now), self.approval_timeout_s
         )
-        if p.mode is Mode.APPROVE:
-            action.deadline_ns += int(self.approval_timeout_s * NS)
-        if p.action.expect is not None:
-            e = p.action.expect
-            action.expected_effect.CopyFrom(
-                apb.ExpectedEffect(
-                    metric=e.metric,
-                    comparator=COMPARATOR[e.comparator],
-                    value=e.value,
-                    within_ns=int(e.within * NS),
-                )
-            )
-        refusal: Refusal | None = None
-        try:
-            action.target.CopyFrom(self._target(p, det))
-            tkey = self.target_key(op, action.target)
-        except MissingLabel as exc:
-            tkey = skey
-            refusal = Refusal("target", f"{exc}; cannot resolve {p.id}'s target")
-        try:
-            spec = self._spec(p, det)
-            getattr(action, op.value).CopyFrom(spec)
-        except MissingLabel as exc:
-            refusal = refusal or Refusal("target", f"{exc}; cannot resolve {p.id}'s parameters")
-        except parameters.ParameterError as exc:  # a label filled in made a value invalid
-            refusal = refusal or Refusal("parameters", f"{p.id}: {exc}")
-        action.id = str(uuid.uuid5(ID_NAMESPACE, f"{p.id}|{det.id}|{tkey}"))
+        action, tkey, proposal, refusal = (
+            proposed.action,
+            proposed.target_key,
+            proposed.proposal,
+            proposed.refusal,
+        )
         if self.journal.get(action.id) is not None:
             # Decided before a restart: never twice. Its events, if they had not reached the
             # bus, were republished when the engine started (Journal.undelivered_events).
             self.stats.skipped_known += 1
             return
-        proposal = Proposal(
-            action.id,
-            p,
-            op,
-            tkey,
-            self._numbers(action),
-            node_id=action.target.node_id,
-            addresses=tuple(
-                dets.addr_text(a)
-                for a in (action.target.flow.src_addr, action.target.flow.dst_addr)
-                if a
-            ),
-            device_id=action.target.device_id,
-        )
         if refusal is None:
             refusal = self.guards.check(proposal, now)
         if refusal is not None:
@@ -534,7 +364,7 @@ class Engine:
         expect = policy.action.expect if policy else None
         baseline_ns = int((expect.baseline_window if expect else 2.0) * NS)
         tolerance = expect.worse_tolerance if expect else 0.1
-        rollback_on = {VERDICT[v] for v in policy.action.rollback_on} if policy else set()
+        rollback_on = verify.rollback_verdicts(policy)
         applied = entry.result.applied_ns
         before = self.telemetry.read(
             e.metric, action, applied - baseline_ns, applied, phase="before"
@@ -544,42 +374,7 @@ class Engine:
         if after is None and now < applied + e.within_ns + int(self.verify_grace_s * NS):
             heapq.heappush(self._due, (now + NS // 10, action.id))
             return
-        v = apb.Verification(metric=e.metric)
-        if before is not None:
-            v.before_value = before.value
-            if before.latency is not None:
-                v.latency_before.CopyFrom(before.latency)
-        if after is None:
-            v.verdict = apb.VERDICT_NOT_CHECKED
-            v.detail = f"no {e.metric} samples after the action"
-        else:
-            v.after_value = after.value
-            if after.latency is not None:
-                v.latency_after.CopyFrom(after.latency)
-            lower_is_better = e.comparator in (
-                apb.COMPARATOR_LESS_THAN,
-                apb.COMPARATOR_LESS_OR_EQUAL,
-            )
-            ok = {
-                apb.COMPARATOR_LESS_THAN: after.value < e.value,
-                apb.COMPARATOR_LESS_OR_EQUAL: after.value <= e.value,
-                apb.COMPARATOR_GREATER_THAN: after.value > e.value,
-                apb.COMPARATOR_GREATER_OR_EQUAL: after.value >= e.value,
-            }.get(e.comparator, False)
-            worse = before is not None and (
-                after.value > before.value * (1 + tolerance)
-                if lower_is_better
-                else after.value < before.value * (1 - tolerance)
-            )
-            v.verdict = (
-                apb.VERDICT_IMPROVED
-                if ok
-                else apb.VERDICT_WORSE
-                if worse
-                else apb.VERDICT_NO_EFFECT
-            )
-            b = f"{before.value:g}" if before is not None else "n/a"
-            v.detail = f"{e.metric}: before {b}, after {after.value:g}, expected {e.value:g}"
+        v = verify.judge(e, before, after, tolerance)
         if v.verdict in rollback_on:
             self._rollback(entry, v)
             return
@@ -696,7 +491,7 @@ class Engine:
             op = OPERATION_NAME.get(entry.action.operation)
             if p is not None and op is not None:
                 self.guards.started(
-                    Proposal(action_id, p, op, entry.target_key, self._numbers(entry.action)),
+                    Proposal(action_id, p, op, entry.target_key, decide.numbers(entry.action)),
                     entry.action.header.timestamp_ns,
                 )
             if entry.state in FINAL and entry.result is not None:
