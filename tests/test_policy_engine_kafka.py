@@ -127,7 +127,9 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
             worker.join(30)
             feed.stop()
         assert not worker.is_alive()
-        assert [m for m, _ in agent.agent.calls] == ["SetFlowClass", "GetState", "SetFlowClass"]
+        # The flow had no rule: the rollback removed the one the action added.
+        assert [m for m, _ in agent.agent.calls] == ["SetFlowClass", "SetFlowClass"]
+        assert agent.agent.state.flow_rules == {}
 
     # The audit trail on the actions topic, in order, for this run's engine.
     consumer = BatchConsumer(bootstrap, f"policy-audit-{run}", ["cgloop.actions.v1"])
