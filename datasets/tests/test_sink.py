@@ -67,10 +67,18 @@ def test_every_topic_reaches_its_tables(sink_store: SinkStore, stack_settings: S
     ]
     result = sink_store.query(
         "SELECT verdict, latency_after.p99_ns, previous_parameters['rewrite_dscp']"
-        " FROM cgloop.action_results WHERE source_id = {s:String}",
+        " FROM cgloop.action_results WHERE source_id = {s:String}"
+        " AND notEmpty(previous_parameters)",  # the old-shape result of the sample
         s=source,
     )
     assert result == [["VERDICT_IMPROVED", "12000000", "46"]]
+    # The typed ones (migration 0012): each rollback state as JSON.
+    typed = sink_store.query(
+        "SELECT count() FROM cgloop.action_results WHERE source_id = {s:String}"
+        " AND previous != ''",
+        s=source,
+    )
+    assert typed == [["5"]]
     # The roll-ups were fed: one flow, its jitter quantiles and its packets.
     rollup = sink_store.query(
         "SELECT sum(packets), round(quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns)[3])"
