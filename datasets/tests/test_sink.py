@@ -30,8 +30,8 @@ TABLES = {
     "probe_records": ("cgloop.probes.v1", 1),
     "node_samples": ("cgloop.nodes.v1", 1),
     "detections": ("cgloop.detections.v1", 5),
-    "actions": ("cgloop.actions.v1", 9),  # the old-shape action and one per typed operation
-    "action_results": ("cgloop.actions.v1", 6),
+    "actions": ("cgloop.actions.v1", 11),  # the old-shape action, one per typed operation
+    "action_results": ("cgloop.actions.v1", 8),
     "dead_letters": ("cgloop.deadletter.v1", 1),
 }
 
@@ -72,13 +72,13 @@ def test_every_topic_reaches_its_tables(sink_store: SinkStore, stack_settings: S
         s=source,
     )
     assert result == [["VERDICT_IMPROVED", "12000000", "46"]]
-    # The typed ones (migration 0012): each rollback state as JSON.
+    # The typed ones (migration 0012): each rollback state as JSON (and a rollback action).
     typed = sink_store.query(
         "SELECT count() FROM cgloop.action_results WHERE source_id = {s:String}"
         " AND previous != ''",
         s=source,
     )
-    assert typed == [["5"]]
+    assert typed == [["7"]]
     # The roll-ups were fed: one flow, its jitter quantiles and its packets.
     rollup = sink_store.query(
         "SELECT sum(packets), round(quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns)[3])"

@@ -79,7 +79,7 @@ def test_old_and_typed_actions_both_read_after_0012(tmp_path: Path) -> None:
     assert chain["functions"][5]["kind"] == "FUNCTION_KIND_ADVANCED"
     assert spec["ACTION_OPERATION_SET_POWER_POLICY"]["xman_mode"] == "XMAN_MODE_LOAD"
     assert spec["ACTION_OPERATION_NOTIFY"] == {"message": "switch queue congested"}
-    assert len(spec) == 7
+    assert len(spec) == 9
     typed_params = [a[3] for a in actions.values() if a[1] == "ACTION_OPERATION_SET_CLASS_RATE"]
     assert typed_params == [{"class_id": "65584", "rate_bps": "50000000", "ceil_bps": "80000000"}]
     # A rollback's spec is the state it restores (no rule before: no class).
@@ -91,6 +91,13 @@ def test_old_and_typed_actions_both_read_after_0012(tmp_path: Path) -> None:
     assert any(p.get("previous_chain_id") == "gaming-old" for p in previous)
     assert any(p.get("policies", [{}])[0].get("forbid_cstates") is True for p in previous)
     assert any(p.get("flow_id") == "49539596143441920" for p in previous)
+    assert {"device_id": "of:0000000000000001", "meter_id": "5"} in previous
+    assert {"app_id": "org.cgloop", "key": "0x12"} in previous
+    assert spec["ACTION_OPERATION_ONOS_METER"]["bands"][0]["rate"] in (10_000, "10000")
+    assert spec["ACTION_OPERATION_ONOS_INTENT"]["egress"] == {
+        "device_id": "of:0000000000000002",
+        "port": 2,
+    }
     old_results = [r for r in out["results"] if r[1]]
     assert old_results and all(r[1]["class_id"] == "0x00010010" for r in old_results)
-    assert out["loop_actions"] == 9  # one row per action id, old and typed alike
+    assert out["loop_actions"] == 11  # one row per action id, old and typed alike

@@ -75,3 +75,59 @@ def test_bad_requests_fail_with_reasons() -> None:
         act.apply(apb.Action(operation=apb.ACTION_OPERATION_ONOS_QUEUE))
     with pytest.raises(ActuatorError, match="ONOS install_flow"):
         act.apply(action(output_port="2"))
+
+
+def test_meters_and_intents_round_trip_through_the_driver() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        path = request.url.path
+        if request.method == "GET":
+            key = "meters" if "/meters" in path else "intents"
+            return httpx.Response(200, json={key: []})
+        if request.method == "POST" and "/meters/" in path:
+            return httpx.Response(201, headers={"Location": f"http://onos{path}/5"})
+        if request.method == "POST":
+            return httpx.Response(
+                201, headers={"Location": "http://onos/onos/v1/intents/org.cgloop/0x12"}
+            )
+        return httpx.Response(204)
+
+    act = OnosActuator(onos.OnosClient(transport=httpx.MockTransport(handler)))
+    meter = action()
+    meter.operation = apb.ACTION_OPERATION_ONOS_METER
+    meter.onos_meter.CopyFrom(
+        apb.OnosMeterAction(
+            unit=apb.METER_UNIT_KB_PER_SEC,
+            bands=[apb.MeterBand(type=apb.METER_BAND_TYPE_DROP, rate=10_000)],
+        )
+    )
+    applied = act.apply(meter)
+    assert applied.previous.onos_meter == apb.InstalledMeter(
+        device_id="of:0000000000000001", meter_id="5"
+    )
+    body = json.loads(seen[-1].content)
+    assert body["unit"] == "KB_PER_SEC" and body["bands"][0]["type"] == "DROP"
+    act.rollback(meter, "rb", applied.previous)
+    assert seen[-1].method == "DELETE" and seen[-1].url.path.endswith(
+        "/meters/of:0000000000000001/5"
+    )
+
+    intent = action()
+    intent.operation = apb.ACTION_OPERATION_ONOS_INTENT
+    intent.onos_intent.CopyFrom(
+        apb.OnosIntentAction(
+            app_id="org.cgloop",
+            priority=200,
+            ingress=apb.OnosConnectPoint(device_id="of:0000000000000001", port=1),
+            egress=apb.OnosConnectPoint(device_id="of:0000000000000002", port=2),
+        )
+    )
+    applied = act.apply(intent)
+    assert applied.previous.onos_intent == apb.InstalledIntent(app_id="org.cgloop", key="0x12")
+    body = json.loads(seen[-1].content)
+    assert body["ingressPoint"] == {"device": "of:0000000000000001", "port": "1"}
+    assert [c["type"] for c in body["selector"]["criteria"]][:2] == ["ETH_TYPE", "IPV4_SRC"]
+    act.rollback(intent, "rb", applied.previous)
+    assert seen[-1].method == "DELETE" and seen[-1].url.path.endswith("/org.cgloop/0x12")

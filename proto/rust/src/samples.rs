@@ -20,14 +20,15 @@ use crate::v1::{
     ActionBatch, ActionEvent, ActionLevel, ActionOperation, ActionResult, ActionState,
     ActionTarget, ChainFunction, Comparator, CoreSample, DeadLetter, Detection, DetectionBatch,
     DetectionKind, Direction, Dpi, DpiDrop, Evidence, ExpectedEffect, FiveTuple, FlowRecord,
-    FlowRecordBatch, Forward, FunctionCounters, FunctionKind, InstalledFlowRule, IntDropRecord,
-    IntEventReason, IntFlowRecord, IntHop, IntHopRecord, IntQueueRecord, IntRecord, IntRecordBatch,
-    LatencySummary, LinkRef, Log2Histogram, Mark, Mirror, NodeSample, NodeSampleBatch,
-    NotifyAction, OnosFlowRuleAction, OnosQueueAction, PowerPolicy, PreviousChain,
-    PreviousClassRate, PreviousFlowClass, PreviousPowerPolicies, PreviousState, ProbeMethod,
-    ProbeRecord, ProbeRecordBatch, QueueRef, RateLimit, RecordHeader, ReprioritiseFlowAction,
-    RtpStats, ServiceChain, SetChainAction, SetClassRateAction, SetPowerPolicyAction, Severity,
-    Verdict, Verification, XmanMode,
+    FlowRecordBatch, Forward, FunctionCounters, FunctionKind, InstalledFlowRule, InstalledIntent,
+    InstalledMeter, IntDropRecord, IntEventReason, IntFlowRecord, IntHop, IntHopRecord,
+    IntQueueRecord, IntRecord, IntRecordBatch, LatencySummary, LinkRef, Log2Histogram, Mark,
+    MeterBand, MeterBandType, MeterUnit, Mirror, NodeSample, NodeSampleBatch, NotifyAction,
+    OnosConnectPoint, OnosFlowRuleAction, OnosIntentAction, OnosMeterAction, OnosQueueAction,
+    PowerPolicy, PreviousChain, PreviousClassRate, PreviousFlowClass, PreviousPowerPolicies,
+    PreviousState, ProbeMethod, ProbeRecord, ProbeRecordBatch, QueueRef, RateLimit, RecordHeader,
+    ReprioritiseFlowAction, RtpStats, ServiceChain, SetChainAction, SetClassRateAction,
+    SetPowerPolicyAction, Severity, Verdict, Verification, XmanMode,
 };
 use crate::SCHEMA_VERSION;
 
@@ -581,6 +582,34 @@ fn typed_actions() -> Vec<Action> {
                 message: "switch queue congested".to_owned(),
             }),
         ),
+        (
+            ActionOperation::OnosMeter,
+            Spec::OnosMeter(OnosMeterAction {
+                unit: MeterUnit::KbPerSec as i32,
+                burst: true,
+                bands: vec![MeterBand {
+                    r#type: MeterBandType::Remark as i32,
+                    rate: 10_000,
+                    burst_size: 64,
+                    prec: 1,
+                }],
+            }),
+        ),
+        (
+            ActionOperation::OnosIntent,
+            Spec::OnosIntent(OnosIntentAction {
+                app_id: "org.cgloop".to_owned(),
+                priority: 200,
+                ingress: Some(OnosConnectPoint {
+                    device_id: "of:0000000000000001".to_owned(),
+                    port: 1,
+                }),
+                egress: Some(OnosConnectPoint {
+                    device_id: "of:0000000000000002".to_owned(),
+                    port: 2,
+                }),
+            }),
+        ),
     ];
     let id = |n: u32| format!("{}{n}", &ACTION_ID[..ACTION_ID.len() - 2]);
     let mut out: Vec<Action> = specs
@@ -600,7 +629,7 @@ fn typed_actions() -> Vec<Action> {
         })
         .collect();
     out.push(Action {
-        header: header("policy-engine", 17, T0_NS + 800_000_000),
+        header: header("policy-engine", 19, T0_NS + 800_000_000),
         id: id(30),
         operation: ActionOperation::ReprioritiseFlow as i32,
         state: ActionState::Proposed as i32,
@@ -653,6 +682,14 @@ fn typed_results() -> Vec<ActionResult> {
         State::OnosFlowRule(InstalledFlowRule {
             device_id: "of:0000000000000001".to_owned(),
             flow_id: "49539596143441920".to_owned(),
+        }),
+        State::OnosMeter(InstalledMeter {
+            device_id: "of:0000000000000001".to_owned(),
+            meter_id: "5".to_owned(),
+        }),
+        State::OnosIntent(InstalledIntent {
+            app_id: "org.cgloop".to_owned(),
+            key: "0x12".to_owned(),
         }),
     ];
     previous

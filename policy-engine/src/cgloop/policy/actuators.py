@@ -360,12 +360,14 @@ class NodeAgentActuator:
 class OnosActuator:
     """Global switch operations through the ONOS driver of the actuators component.
 
-    `onos_flow_rule` becomes a FlowRule (`cgloop.actuators.onos`, validated there against
-    ONOS's REST definitions) matching the action's five-tuple on `target.device_id`, with a
-    QUEUE (`queue_id`) or OUTPUT (`output_port`) treatment; its rollback removes the rule.
-    The driver has no queue-configuration call (ONOS's REST API has none either), so
-    `onos_queue` fails with a message saying so. Without the driver installed, every ONOS
-    action fails with a message naming what is missing; nothing is half-applied.
+    Each becomes the driver's model (`cgloop.actuators.onos`, validated there against ONOS's
+    REST definitions): `onos_flow_rule` a FlowRule matching the action's five-tuple on
+    `target.device_id`, with a QUEUE (`queue_id`) or OUTPUT (`output_port`) treatment;
+    `onos_meter` a MeterRequest on `target.device_id`; `onos_intent` a PointToPointIntent for
+    the five-tuple between two connect points. Each rollback removes what was installed. The
+    driver has no queue-configuration call (ONOS's REST API has none either), so `onos_queue`
+    fails with a message saying so. Without the driver installed, every ONOS action fails with
+    a message naming what is missing; nothing is half-applied.
     """
 
     def __init__(self, client: object | None = None) -> None:
@@ -384,14 +386,10 @@ class OnosActuator:
             self._client = self._onos().OnosClient()
         return self._client
 
-    def flow_rule(self, action: apb.Action):
+    def _selector(self, action: apb.Action):
+        """The action's five-tuple as ONOS criteria (IPv4)."""
         onos = self._onos()
         ft = action.target.flow
-        s = spec(action)
-        if not isinstance(s, apb.OnosFlowRuleAction):
-            raise ActuatorError(f"not an onos_flow_rule action: {type(s).__name__}")
-        if not action.target.device_id:
-            raise ActuatorError("onos_flow_rule needs target.device_id (e.g. of:0000000000000001)")
         criteria: list[object] = [onos.EthTypeCriterion(ethType=0x0800)]
         if ft.src_addr:
             criteria.append(onos.Ipv4SrcCriterion(ip=f"{addr_text(ft.src_addr)}/32"))
@@ -409,66 +407,136 @@ class OnosActuator:
                 onos.TcpSrcCriterion(tcpPort=ft.src_port),
                 onos.TcpDstCriterion(tcpPort=ft.dst_port),
             ]
+        return onos.Selector(criteria=criteria)
+
+    def _device(self, action: apb.Action, what: str) -> str:
+        if not action.target.device_id:
+            raise ActuatorError(f"{what} needs target.device_id (e.g. of:0000000000000001)")
+        return action.target.device_id
+
+    def flow_rule(self, action: apb.Action):
+        onos = self._onos()
+        s = spec(action)
+        if not isinstance(s, apb.OnosFlowRuleAction):
+            raise ActuatorError(f"not an onos_flow_rule action: {type(s).__name__}")
+        device = self._device(action, "onos_flow_rule")
         instructions: list[object] = []
         port = s.output_port if s.HasField("output_port") else None
         if s.HasField("queue_id"):
             instructions.append(onos.QueueInstruction(queueId=s.queue_id, port=port))
         elif port is not None:
             instructions.append(onos.OutputInstruction(port=port))
-        timeout = s.timeout_s
         try:
             return onos.FlowRule(
                 priority=s.priority,
-                deviceId=action.target.device_id,
-                timeout=timeout,
-                isPermanent=timeout == 0,
+                deviceId=device,
+                timeout=s.timeout_s,
+                isPermanent=s.timeout_s == 0,
                 appId=s.app_id if s.HasField("app_id") else None,
-                selector=onos.Selector(criteria=criteria),
+                selector=self._selector(action),
                 treatment=onos.Treatment(instructions=instructions),
             )
         except ValueError as exc:  # pydantic's validation of ONOS's codec rules
             raise ActuatorError(f"ONOS flow rule refused by the driver's checks: {exc}") from None
 
+    def meter(self, action: apb.Action, s: apb.OnosMeterAction):
+        onos = self._onos()
+        device = self._device(action, "onos_meter")
+        try:
+            return onos.MeterRequest(
+                deviceId=device,
+                unit=apb.MeterUnit.Name(s.unit).removeprefix("METER_UNIT_"),
+                burst=s.burst,
+                bands=[
+                    onos.Band(
+                        type=apb.MeterBandType.Name(b.type).removeprefix("METER_BAND_TYPE_"),
+                        rate=b.rate,
+                        burstSize=b.burst_size,
+                        prec=b.prec,
+                    )
+                    for b in s.bands
+                ],
+            )
+        except ValueError as exc:
+            raise ActuatorError(f"ONOS meter refused by the driver's checks: {exc}") from None
+
+    def intent(self, action: apb.Action, s: apb.OnosIntentAction):
+        onos = self._onos()
+        try:
+            return onos.PointToPointIntent(
+                appId=s.app_id,
+                priority=s.priority or 100,
+                ingressPoint=onos.ConnectPoint(device=s.ingress.device_id, port=s.ingress.port),
+                egressPoint=onos.ConnectPoint(device=s.egress.device_id, port=s.egress.port),
+                selector=self._selector(action),
+            )
+        except ValueError as exc:
+            raise ActuatorError(f"ONOS intent refused by the driver's checks: {exc}") from None
+
     def apply(self, action: apb.Action) -> Applied:
-        if action.operation != OP.ACTION_OPERATION_ONOS_FLOW_RULE:
+        s = None if action.operation == OP.ACTION_OPERATION_ONOS_QUEUE else spec(action)
+        if isinstance(s, apb.OnosFlowRuleAction):
+            body, call = self.flow_rule(action), "install_flow"
+        elif isinstance(s, apb.OnosMeterAction):
+            body, call = self.meter(action, s), "add_meter"
+        elif isinstance(s, apb.OnosIntentAction):
+            body, call = self.intent(action, s), "submit_intent"
+        else:
             raise ActuatorError(
                 "onos_queue: the ONOS driver has no queue-configuration call; configure switch "
                 "queues out of band and steer flows into them with onos_flow_rule (queue_id)"
             )
-        rule = self.flow_rule(action)
         start = time.monotonic_ns()
         if action.dry_run:
-            return Applied(time.time_ns(), 0, changed=False, message="dry run: rule validated")
+            return Applied(time.time_ns(), 0, changed=False, message=f"dry run: {call} validated")
         try:
-            ref = self.client().install_flow(rule)
+            ref = getattr(self.client(), call)(body)
         except Exception as exc:  # the driver's OnosError family; never crash the loop
-            raise ActuatorError(f"ONOS install_flow on {action.target.device_id}: {exc}") from None
-        return Applied(
-            time.time_ns(),
-            time.monotonic_ns() - start,
-            apb.PreviousState(
+            raise ActuatorError(f"ONOS {call} on {action.target.device_id}: {exc}") from None
+        if call == "install_flow":
+            prev = apb.PreviousState(
                 onos_flow_rule=apb.InstalledFlowRule(
                     device_id=ref.device_id, flow_id=str(ref.flow_id)
                 )
-            ),
-            message=f"flow {ref.flow_id} on {ref.device_id}",
-        )
+            )
+            note = f"flow {ref.flow_id} on {ref.device_id}"
+        elif call == "add_meter":
+            prev = apb.PreviousState(
+                onos_meter=apb.InstalledMeter(device_id=ref.device_id, meter_id=ref.meter_id)
+            )
+            note = f"meter {ref.meter_id} on {ref.device_id}"
+        else:
+            prev = apb.PreviousState(
+                onos_intent=apb.InstalledIntent(app_id=ref.app_id, key=ref.key)
+            )
+            note = f"intent {ref.key} of {ref.app_id}"
+        return Applied(time.time_ns(), time.monotonic_ns() - start, prev, message=note)
 
     def rollback(
         self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
-        if previous.WhichOneof("state") != "onos_flow_rule":
-            raise ActuatorError("cannot roll back: no installed ONOS flow rule recorded")
         start = time.monotonic_ns()
         onos = self._onos()
-        installed = previous.onos_flow_rule
+        which = previous.WhichOneof("state")
         try:
-            self.client().remove_flow(
-                onos.FlowRef(device_id=installed.device_id, flow_id=installed.flow_id)
-            )
+            if which == "onos_flow_rule":
+                p = previous.onos_flow_rule
+                self.client().remove_flow(onos.FlowRef(device_id=p.device_id, flow_id=p.flow_id))
+            elif which == "onos_meter":
+                m = previous.onos_meter
+                self.client().remove_meter(
+                    onos.client.MeterRef(device_id=m.device_id, meter_id=m.meter_id)
+                )
+            elif which == "onos_intent":
+                i = previous.onos_intent
+                self.client().withdraw_intent(onos.client.IntentRef(app_id=i.app_id, key=i.key))
+            else:
+                raise ActuatorError("cannot roll back: nothing installed through ONOS recorded")
+        except ActuatorError:
+            raise
         except Exception as exc:
-            raise ActuatorError(f"ONOS remove_flow: {exc}") from None
-        return Applied(time.time_ns(), time.monotonic_ns() - start, message="flow removed")
+            raise ActuatorError(f"ONOS rollback of {which}: {exc}") from None
+        return Applied(time.time_ns(), time.monotonic_ns() - start, message=f"{which} removed")
 
 
 class Router:

@@ -284,7 +284,13 @@ class Policy(Strict):
 
     @model_validator(mode="after")
     def _level_fits_operation(self) -> Policy:
-        onos = {Operation.ONOS_FLOW_RULE, Operation.ONOS_QUEUE, Operation.SET_CHAIN}
+        onos = {
+            Operation.ONOS_FLOW_RULE,
+            Operation.ONOS_QUEUE,
+            Operation.ONOS_METER,
+            Operation.ONOS_INTENT,
+            Operation.SET_CHAIN,
+        }
         if self.action.operation in onos and self.level is not Level.GLOBAL:
             raise ValueError(
                 f"operation {self.action.operation.value} is a global-loop action: "

@@ -280,12 +280,39 @@ def _chain(m: apb.SetChainAction) -> list[Problem]:
     return out
 
 
+def _meter(m: apb.OnosMeterAction) -> list[Problem]:
+    out: list[Problem] = []
+    if not m.unit:
+        out.append((("unit",), "operation onos_meter needs this parameter"))
+    if not m.bands:
+        out.append((("bands",), "operation onos_meter needs at least one band"))
+    for i, band in enumerate(m.bands):
+        if not band.type:
+            out.append((("bands", i, "type"), "needs a band type"))
+        if band.burst_size and not m.burst:
+            out.append((("bands", i, "burst_size"), "is only applied with burst: true"))
+    return out
+
+
+def _intent(m: apb.OnosIntentAction) -> list[Problem]:
+    out: list[Problem] = [
+        ((name,), "operation onos_intent needs this parameter")
+        for name in ("ingress", "egress")
+        if not m.HasField(name)
+    ]
+    if m.HasField("ingress") and m.ingress == m.egress:
+        out.append((("egress",), "is the ingress point"))
+    return out
+
+
 # Rules across fields or beyond a range, per operation (after the descriptor checks).
 _RULES: dict[str, Callable[[Any], list[Problem]]] = {
     "reprioritise_flow": _reprioritise,
     "set_class_rate": _class_rate,
     "set_power_policy": _power,
     "set_chain": _chain,
+    "onos_meter": _meter,
+    "onos_intent": _intent,
 }
 
 

@@ -79,6 +79,24 @@ ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_chain_
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_power_policies_policies Array(Tuple(cores Array(UInt32), governor String, min_frequency_khz UInt32, max_frequency_khz UInt32, xman_mode LowCardinality(String), forbid_cstates Bool));
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_flow_rule_device_id String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_flow_rule_flow_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_onos_meter_device_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_onos_meter_meter_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_onos_intent_app_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_onos_intent_key String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_meter_unit LowCardinality(String);
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_meter_burst Bool;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_meter_bands Array(Tuple(
+    type LowCardinality(String), rate UInt64, burst_size UInt64, prec UInt32));
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_intent_app_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_intent_priority UInt32;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_intent_ingress_device_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_intent_ingress_port UInt32;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_intent_egress_device_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_onos_intent_egress_port UInt32;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_meter_device_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_meter_meter_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_intent_app_id String;
+ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_intent_key String;
 
 ALTER TABLE cgloop.actions ADD COLUMN IF NOT EXISTS spec String DEFAULT '' AFTER parameters;
 ALTER TABLE cgloop.action_results ADD COLUMN IF NOT EXISTS previous String DEFAULT ''
@@ -134,6 +152,12 @@ SELECT
         action_operation = 'ACTION_OPERATION_ONOS_FLOW_RULE',
             toJSONString(CAST((action_rollback_onos_flow_rule_device_id, action_rollback_onos_flow_rule_flow_id),
                 'Tuple(device_id String, flow_id String)')),
+        action_operation = 'ACTION_OPERATION_ONOS_METER',
+            toJSONString(CAST((action_rollback_onos_meter_device_id,
+                action_rollback_onos_meter_meter_id), 'Tuple(device_id String, meter_id String)')),
+        action_operation = 'ACTION_OPERATION_ONOS_INTENT',
+            toJSONString(CAST((action_rollback_onos_intent_app_id, action_rollback_onos_intent_key),
+                'Tuple(app_id String, key String)')),
         ''),
     multiIf(
         action_operation = 'ACTION_OPERATION_REPRIORITISE_FLOW',
@@ -171,6 +195,17 @@ SELECT
                 || 'priority UInt32)')),
         action_operation = 'ACTION_OPERATION_NOTIFY',
             toJSONString(CAST(tuple(action_notify_message), 'Tuple(message String)')),
+        action_operation = 'ACTION_OPERATION_ONOS_METER',
+            toJSONString(CAST((toString(action_onos_meter_unit), action_onos_meter_burst,
+                action_onos_meter_bands),
+                'Tuple(unit String, burst Bool, bands ' || toTypeName(action_onos_meter_bands)
+                || ')')),
+        action_operation = 'ACTION_OPERATION_ONOS_INTENT',
+            toJSONString(CAST((action_onos_intent_app_id, action_onos_intent_priority,
+                (action_onos_intent_ingress_device_id, action_onos_intent_ingress_port),
+                (action_onos_intent_egress_device_id, action_onos_intent_egress_port)),
+                'Tuple(app_id String, priority UInt32, ingress Tuple(device_id String, '
+                || 'port UInt32), egress Tuple(device_id String, port UInt32))')),
         ''))) AS spec,
     action_expected_effect_metric AS expected_metric,
     action_expected_effect_comparator AS expected_comparator,
@@ -230,6 +265,12 @@ SELECT
             result_previous_onos_flow_rule_flow_id != '',
                 toJSONString(CAST((result_previous_onos_flow_rule_device_id, result_previous_onos_flow_rule_flow_id),
                     'Tuple(device_id String, flow_id String)')),
+            result_previous_onos_meter_meter_id != '',
+                toJSONString(CAST((result_previous_onos_meter_device_id,
+                    result_previous_onos_meter_meter_id), 'Tuple(device_id String, meter_id String)')),
+            result_previous_onos_intent_key != '',
+                toJSONString(CAST((result_previous_onos_intent_app_id,
+                    result_previous_onos_intent_key), 'Tuple(app_id String, key String)')),
             '') AS previous
 FROM cgloop.action_ingest
 WHERE result_header_source_id != '';

@@ -431,6 +431,25 @@ def _typed_actions() -> list[action_pb2.Action]:
             ),
         ),
         ("notify", a.NotifyAction(message="switch queue congested")),
+        (
+            "onos_meter",
+            a.OnosMeterAction(
+                unit=a.METER_UNIT_KB_PER_SEC,
+                burst=True,
+                bands=[
+                    a.MeterBand(type=a.METER_BAND_TYPE_REMARK, rate=10_000, burst_size=64, prec=1)
+                ],
+            ),
+        ),
+        (
+            "onos_intent",
+            a.OnosIntentAction(
+                app_id="org.cgloop",
+                priority=200,
+                ingress=a.OnosConnectPoint(device_id="of:0000000000000001", port=1),
+                egress=a.OnosConnectPoint(device_id="of:0000000000000002", port=2),
+            ),
+        ),
     ]
     out = []
     for i, (name, spec) in enumerate(specs):
@@ -443,7 +462,7 @@ def _typed_actions() -> list[action_pb2.Action]:
         getattr(action, name).CopyFrom(spec)
         out.append(action)
     rollback = a.Action(
-        header=_header("policy-engine", 17, T0_NS + 800_000_000),
+        header=_header("policy-engine", 19, T0_NS + 800_000_000),
         id=f"{ACTION_ID[:-2]}30",
         operation=op.ACTION_OPERATION_REPRIORITISE_FLOW,
         state=a.ACTION_STATE_PROPOSED,
@@ -494,6 +513,10 @@ def _typed_results() -> list[action_pb2.ActionResult]:
                 device_id="of:0000000000000001", flow_id="49539596143441920"
             )
         ),
+        a.PreviousState(
+            onos_meter=a.InstalledMeter(device_id="of:0000000000000001", meter_id="5")
+        ),
+        a.PreviousState(onos_intent=a.InstalledIntent(app_id="org.cgloop", key="0x12")),
     ]
     return [
         a.ActionResult(
