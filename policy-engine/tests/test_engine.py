@@ -390,3 +390,27 @@ def test_connect_opens_reachable_agents_and_names_the_others(agent: AgentServer)
         assert "unix:/nonexistent/agent" in problems["node-b"]
     finally:
         actuator.close()
+
+
+def test_parameter_templates_are_filled_from_the_detection(agent: AgentServer) -> None:
+    clock = ManualClock()
+    note = policy(
+        """
+id: note
+match: {kinds: [node_overload], subject: node}
+action:
+  operation: notify
+  parameters: {message: "node {subject} overloaded on {label:interface}"}
+"""
+    )
+    engine, _ = make_engine(agent, [note], clock)
+    det = detection(clock(), kind=dpb.DETECTION_KIND_NODE_OVERLOAD, node_id="node-a")
+    action = engine.handle(dpb.DetectionBatch(records=[det]))[0].action
+    assert action.notify == apb.NotifyAction(message="node node-a overloaded on veth0")
+    # A label the detection lacks refuses the action, naming it.
+    det = detection(
+        clock(), kind=dpb.DETECTION_KIND_NODE_OVERLOAD, node_id="node-b", labels={"x": "y"}
+    )
+    events = engine.handle(dpb.DetectionBatch(records=[det]))
+    assert states(events) == ["action:REFUSED", "REFUSED"]
+    assert "no label 'interface'" in events[1].result.message
