@@ -10,9 +10,9 @@ mod probe;
 
 // The twin's modules live in the library (shared with cgloop.pcaprecords); imported at the root
 // so `crate::sweep`, `crate::bpf_types` … read the same in the binary's own modules.
-use cgloop_probe::{bpf_types, pcap, skel, sweep};
 #[cfg(test)]
 use cgloop_probe::{account, parse};
+use cgloop_probe::{bpf_types, pcap, skel, sweep};
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};

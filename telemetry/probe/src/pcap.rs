@@ -302,7 +302,9 @@ impl Capture<'_> {
 /// reads files and bytes.
 fn load<'a>(capture: &Capture<'a>, name: &str) -> Result<Cow<'a, [u8]>> {
     let raw: Cow<'a, [u8]> = match capture {
-        Capture::File(p) => Cow::Owned(std::fs::read(p).with_context(|| format!("reading {name}"))?),
+        Capture::File(p) => {
+            Cow::Owned(std::fs::read(p).with_context(|| format!("reading {name}"))?)
+        }
         Capture::Bytes { data, .. } => Cow::Borrowed(*data),
     };
     if !raw.starts_with(&[0x1f, 0x8b]) {
@@ -451,9 +453,10 @@ fn read_pcap(
         let (ts_sec, ts_frac) = (u32_at(offset), u32_at(offset + 4));
         let (incl, orig) = (u32_at(offset + 8), u32_at(offset + 12));
         if snaplen > 0 && incl > snaplen {
-            return Err(
-                damaged(format!("record length {incl} is beyond the snaplen {snaplen}")).into(),
-            );
+            return Err(damaged(format!(
+                "record length {incl} is beyond the snaplen {snaplen}"
+            ))
+            .into());
         }
         if (incl as usize) > left - 16 {
             let what = format!(
@@ -482,5 +485,87 @@ mod tests {
         assert_eq!(ticks_to_ns(5, 6), 5_000);
         assert_eq!(ticks_to_ns(5, 9), 5);
         assert_eq!(ticks_to_ns(1024, 0x80 | 10), 1_000_000_000);
+    }
+
+    /// A µs pcap (raw IP) of `n` 28-byte UDP packets, one a second.
+    fn capture(n: u32) -> Vec<u8> {
+        let mut out = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0];
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&65535u32.to_le_bytes());
+        out.extend_from_slice(&101u32.to_le_bytes());
+        for i in 0..n {
+            for v in [1_700_000_000 + i, 0, 28, 28] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            let mut ip = [0u8; 28];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&28u16.to_be_bytes());
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+            ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+            ip[20..22].copy_from_slice(&(1000 + i as u16).to_be_bytes());
+            ip[24..26].copy_from_slice(&8u16.to_be_bytes());
+            out.extend_from_slice(&ip);
+        }
+        out
+    }
+
+    fn records(data: &[u8]) -> Result<Vec<FlowRecord>> {
+        let cfg = PcapConfig::new(&FlowSettings::default(), 100, 0, "t.pcap");
+        let mut out = Vec::new();
+        run(
+            &Capture::Bytes {
+                name: "t.pcap",
+                data,
+            },
+            &cfg,
+            &mut |r| {
+                out.extend(r);
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_sound_capture_gives_every_packet() {
+        let recs = records(&capture(3)).expect("sound capture");
+        assert_eq!(recs.iter().map(|r| r.packets).sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn damaged_captures_name_the_packet_and_offset() {
+        let good = capture(3); // records of 16 + 28 bytes after a 24-byte header
+        let cases: [(Vec<u8>, u64, u64, &str); 3] = [
+            (
+                [&good[..], &[0u8; 7][..]].concat(),
+                4,
+                156,
+                "truncated record header (7 of 16",
+            ),
+            (
+                good[..good.len() - 10].to_vec(),
+                3,
+                112,
+                "28 bytes announced, 18 left",
+            ),
+            (
+                [&good[..16], &20u32.to_le_bytes()[..], &good[20..]].concat(),
+                1,
+                24,
+                "record length 28 is beyond the snaplen 20",
+            ),
+        ];
+        for (data, packet, offset, what) in cases {
+            let err = records(&data).expect_err("damaged capture accepted");
+            let d = err.downcast_ref::<Damaged>().expect("a Damaged error");
+            assert_eq!((d.packet, d.offset), (packet, offset), "{d}");
+            assert!(d.to_string().contains(what), "{d}");
+        }
+        let err = records(b"nope").expect_err("no capture accepted");
+        assert!(
+            err.to_string().contains("not a pcap or pcapng file"),
+            "{err}"
+        );
     }
 }
