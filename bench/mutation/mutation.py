@@ -144,10 +144,20 @@ def _py_scratch(t: PyTarget) -> Path:
     # A fresh copy every run: results of an earlier copy's tests must not be reused.
     if (work / "mutants").exists():
         shutil.rmtree(work / "mutants")
-    for sub in ("src", "tests"):
-        if (work / sub).exists():
-            shutil.rmtree(work / sub)
-        shutil.copytree(comp / sub, work / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    # The whole component: tests read its other folders too (policy-engine's examples/).
+    extra = []
+    for entry in sorted(comp.iterdir()):
+        if entry.name.startswith(".") or entry.name in ("__pycache__", "pyproject.toml"):
+            continue
+        if (work / entry.name).is_dir():
+            shutil.rmtree(work / entry.name)
+        if entry.is_dir():
+            skip = shutil.ignore_patterns("__pycache__", ".pytest_cache")
+            shutil.copytree(entry, work / entry.name, ignore=skip)
+        else:
+            shutil.copy2(entry, work / entry.name)
+        if entry.name not in ("src", "tests"):
+            extra.append(entry.name)
     # The fixtures every test folder shares (free ports, a store server, the stack).
     shutil.copy2(ROOT / "conftest.py", work / "conftest.py")
     tests = sorted({str(p.relative_to(work)) for g in t.tests for p in (work / "tests").glob(g)})
@@ -155,7 +165,7 @@ def _py_scratch(t: PyTarget) -> Path:
         [tool.mutmut]
         source_paths = ["src"]
         only_mutate = {json.dumps(t.mutate)}
-        also_copy = ["conftest.py"]
+        also_copy = {json.dumps(["conftest.py", *extra])}
         pytest_add_cli_args_test_selection = {json.dumps(tests)}
         pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
 
