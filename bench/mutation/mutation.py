@@ -188,16 +188,20 @@ def run_mutmut(t: PyTarget, max_children: int, budget_s: float | None) -> None:
     # The tests find the repository's data and tools through cgloop.testing.ROOT, which stays
     # the work tree; the copy only replaces the code under test.
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
-    print(f"[{t.name}] {' '.join(cmd)} in {work}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=work, env=env, start_new_session=True)
+    _run(t.name, cmd, work, env, budget_s)
+    _save(t.name, read_mutmut(work), tool="mutmut")
+
+
+def _run(name: str, cmd: list[str], cwd: Path, env: dict[str, str] | None, budget_s) -> None:
+    print(f"[{name}] {' '.join(cmd)} in {cwd}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True)
     try:
         proc.wait(timeout=budget_s)
     except subprocess.TimeoutExpired:
         # Out of time: stop, and count what was checked (the rest stays "not checked").
-        print(f"[{t.name}] time budget of {budget_s:.0f} s spent; stopping", flush=True)
+        print(f"[{name}] time budget of {budget_s:.0f} s spent; stopping", flush=True)
         os.killpg(proc.pid, 15)
         proc.wait()
-    _save(t.name, read_mutmut(work), tool="mutmut")
 
 
 def read_mutmut(work: Path) -> dict[str, ModuleResult]:
@@ -261,14 +265,7 @@ def run_cargo_mutants(t: RustTarget, budget_s: float | None, shard: str | None) 
     if shard:  # a systematic sample: every N-th mutant (each takes a build)
         cmd += ["--shard", shard, "--sharding", "round-robin"]
     cmd += t.args
-    print(f"[{t.name}] {' '.join(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
-    try:
-        proc.wait(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        print(f"[{t.name}] time budget of {budget_s:.0f} s spent; stopping", flush=True)
-        os.killpg(proc.pid, 15)
-        proc.wait()
+    _run(t.name, cmd, ROOT, None, budget_s)
     _save(t.name, read_cargo_mutants(out / "mutants.out"), tool="cargo-mutants")
 
 
