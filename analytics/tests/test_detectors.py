@@ -10,6 +10,7 @@ from cgloop.analytics.detectors import L4sAbuseDetector, QueueOverloadDetector, 
 from cgloop.analytics.features import conversations, split_directions
 from cgloop.analytics.records import NS, records_from_pcap
 from cgloop.analytics.synthetic import Degradation, gaming_records
+from cgloop.testing import data_missing
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.int_pb2 import IntQueueRecord
@@ -72,7 +73,7 @@ def test_slo_false_alarms_on_clean_real_calls():
     seconds, alarms = 0.0, []
     for f in files:
         if not f.exists():
-            pytest.skip(f"real data not present: {f}")
+            data_missing(f"real capture {f.name}")
         for rs in conversations(records_from_pcap(f)).values():
             if not any(r.HasField("rtp") for r in rs):
                 continue

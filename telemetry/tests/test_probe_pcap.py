@@ -12,6 +12,7 @@ import pytest
 from cgloop import pcaprecords
 from cgloop.binaries import BinaryNotFound, find_binary
 from cgloop.telemetry.probe_cli import ProbeError, flow_totals, run_pcap
+from cgloop.testing import data_missing
 from cgloop.v1.flow_pb2 import FlowRecordBatch
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -30,7 +31,7 @@ def binary() -> Path:
 
 def need(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"{path} not present (shared data folder)")
+        data_missing(f"capture {path.name}")
     return path
 
 

@@ -206,7 +206,7 @@ def format_schema() -> str:
 
     def visit(fd: object) -> None:
         # Only our package: node_agent.proto (whose chain functions actions embed) imports
-        # google/protobuf/descriptor.proto for its options, and ClickHouse cannot parse that
+        # protobuf's descriptor.proto for its options, and ClickHouse cannot parse that
         # file rendered as proto3; records never hold its messages.
         if fd.name in seen or fd.package != "cgloop.v1":  # type: ignore[attr-defined]
             return

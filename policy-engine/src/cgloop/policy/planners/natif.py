@@ -1,4 +1,4 @@
-"""Natif: category-aware function instantiation and flow distribution (Hajji thesis ch. 5–6).
+"""Natif: category-aware function instantiation and flow distribution (Hajji thesis ch. 5-6).
 
 Chapter 6 of the thesis. Functions are I/O-bound (limited by packets/s: firewall, NAT, load
 balancer, flow monitor) or CPU-bound (limited by bits/s: IDS, redundancy eliminator), §6.1.1.

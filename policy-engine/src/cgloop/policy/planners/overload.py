@@ -1,4 +1,6 @@
-"""Overload guard: keep the offered packet rate under R_max with a margin (Gallenmüller thesis §5.4.4).
+"""Overload guard: keep the offered packet rate under R_max with a margin.
+
+Gallenmüller thesis §5.4.4.
 
 §5.4.4, eq. 5.10: R_max = (1 s - d_sum) / t_CPU, with d_sum the CPU time spent on interrupts
 per second and t_CPU the CPU time per packet (t_e2e minus 2 t_transfer, eq. 5.9). The thesis
