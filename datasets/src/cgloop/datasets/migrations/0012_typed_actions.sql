@@ -24,9 +24,9 @@ ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_class_rate_
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_chain_chain_id String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_chain_traffic_class String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_chain_functions Array(Tuple(
+    kind LowCardinality(String), core UInt32, packets UInt64, dropped_packets UInt64,
     acl_proto UInt32, acl_dst_port UInt32, acl_src_port UInt32, mark_dscp UInt32, mark_ecn UInt32, rate_limit_rate_bps UInt64, rate_limit_burst_bytes UInt64, mirror_interface String,
-    dpi_text String, dpi_hex String, dpi_depth UInt32, dpi_mark_dscp UInt32,
-    kind LowCardinality(String), core UInt32, packets UInt64, dropped_packets UInt64));
+    dpi_depth UInt32, dpi_text String, dpi_hex String, dpi_mark_dscp UInt32));
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_chain_base_rtt_us UInt64;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_chain_free_cores Array(UInt32);
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_set_chain_processing_us Array(Float64);
@@ -57,9 +57,9 @@ ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_chain_
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_chain_chain_chain_id String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_chain_chain_traffic_class String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_chain_chain_functions Array(Tuple(
+    kind LowCardinality(String), core UInt32, packets UInt64, dropped_packets UInt64,
     acl_proto UInt32, acl_dst_port UInt32, acl_src_port UInt32, mark_dscp UInt32, mark_ecn UInt32, rate_limit_rate_bps UInt64, rate_limit_burst_bytes UInt64, mirror_interface String,
-    dpi_text String, dpi_hex String, dpi_depth UInt32, dpi_mark_dscp UInt32,
-    kind LowCardinality(String), core UInt32, packets UInt64, dropped_packets UInt64));
+    dpi_depth UInt32, dpi_text String, dpi_hex String, dpi_mark_dscp UInt32));
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_power_policies_policies Array(Tuple(cores Array(UInt32), governor String, min_frequency_khz UInt32, max_frequency_khz UInt32, xman_mode LowCardinality(String), forbid_cstates Bool));
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_onos_flow_rule_device_id String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS action_rollback_onos_flow_rule_flow_id String;
@@ -73,9 +73,9 @@ ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_chain_
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_chain_chain_chain_id String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_chain_chain_traffic_class String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_chain_chain_functions Array(Tuple(
+    kind LowCardinality(String), core UInt32, packets UInt64, dropped_packets UInt64,
     acl_proto UInt32, acl_dst_port UInt32, acl_src_port UInt32, mark_dscp UInt32, mark_ecn UInt32, rate_limit_rate_bps UInt64, rate_limit_burst_bytes UInt64, mirror_interface String,
-    dpi_text String, dpi_hex String, dpi_depth UInt32, dpi_mark_dscp UInt32,
-    kind LowCardinality(String), core UInt32, packets UInt64, dropped_packets UInt64));
+    dpi_depth UInt32, dpi_text String, dpi_hex String, dpi_mark_dscp UInt32));
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_power_policies_policies Array(Tuple(cores Array(UInt32), governor String, min_frequency_khz UInt32, max_frequency_khz UInt32, xman_mode LowCardinality(String), forbid_cstates Bool));
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_flow_rule_device_id String;
 ALTER TABLE cgloop.action_ingest ADD COLUMN IF NOT EXISTS result_previous_onos_flow_rule_flow_id String;
