@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, headers_for
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
-from cgloop.bus.topics import DEADLETTER
+from cgloop.bus.topics import ACTIONS, DEADLETTER, DETECTIONS, PROBES
 from cgloop.policy import model, service
 from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
@@ -96,13 +96,13 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
         try:
             now = time.time_ns()
             producer.send(
-                "cgloop.probes.v1", probes(now - 2_000 * MS, now, 40 * MS, target=client), key=run
+                PROBES.name, probes(now - 2_000 * MS, now, 40 * MS, target=client), key=run
             )
             producer.flush()
             _wait(lambda: store.ingested >= 40, 60, "the telemetry feed")
-            producer.send_raw("cgloop.detections.v1", b"\x0a\x40\x01", key=run)  # poison
+            producer.send_raw(DETECTIONS.name, b"\x0a\x40\x01", key=run)  # poison
             det = detection(now, client=client, labels=labels)
-            producer.send("cgloop.detections.v1", dpb.DetectionBatch(records=[det]), key=run)
+            producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=run)
             producer.flush()
             _wait(lambda: agent.agent.changes == 1, 60, "the SetFlowClass call")
             # Applies are asynchronous: the engine records the agent's answer on its next round.
@@ -116,7 +116,7 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
             applied_ns = entry.result.applied_ns
             # The flow got worse after the change: the probes say so, through Kafka.
             producer.send(
-                "cgloop.probes.v1",
+                PROBES.name,
                 probes(applied_ns, applied_ns + 1_000 * MS, 90 * MS, target=client),
                 key=run,
             )
@@ -132,7 +132,7 @@ def test_engine_acts_verifies_and_rolls_back_through_kafka(stack_settings, tmp_p
         assert agent.agent.state.flow_rules == {}
 
     # The audit trail on the actions topic, in order, for this run's engine.
-    consumer = BatchConsumer(bootstrap, f"policy-audit-{run}", ["cgloop.actions.v1"])
+    consumer = BatchConsumer(bootstrap, f"policy-audit-{run}", [ACTIONS.name])
     seen: list[apb.ActionEvent] = []
     deadline = time.monotonic() + 60
     try:
@@ -183,7 +183,7 @@ def _committed(bootstrap: str, group: str, partition: int) -> int:
 
     offsets = GroupOffsets(bootstrap, group)
     try:
-        key = ("cgloop.detections.v1", partition)
+        key = (DETECTIONS.name, partition)
         return kafka_answer(lambda: offsets.committed([key]))[key]
     finally:
         offsets.close()
@@ -219,7 +219,7 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
             det = detection(time.time_ns(), client="10.77.0.10", labels=labels)
             batch = dpb.DetectionBatch(records=[det])
             producer.produce(
-                "cgloop.detections.v1",
+                DETECTIONS.name,
                 batch.SerializeToString(),
                 key=run,
                 headers=headers_for(batch),
@@ -235,7 +235,7 @@ def test_service_commits_an_offset_only_once_its_decisions_are_durable(
             second = detection(time.time_ns(), client="10.77.0.11", labels=labels)
             batch = dpb.DetectionBatch(records=[second])
             producer.produce(
-                "cgloop.detections.v1",
+                DETECTIONS.name,
                 batch.SerializeToString(),
                 key=run,
                 headers=headers_for(batch),
@@ -269,7 +269,7 @@ def _events_of(
     bootstrap: str, source_id: str, done, timeout_s: float = 60
 ) -> list[apb.ActionEvent]:
     """The events `source_id` published on the actions topic, read until `done(events)`."""
-    consumer = BatchConsumer(bootstrap, f"audit-{uuid.uuid4().hex}", ["cgloop.actions.v1"])
+    consumer = BatchConsumer(bootstrap, f"audit-{uuid.uuid4().hex}", [ACTIONS.name])
     seen: list[apb.ActionEvent] = []
     deadline = time.monotonic() + timeout_s
     try:
@@ -340,7 +340,7 @@ def test_results_journaled_before_a_crash_reach_the_bus_after_the_restart(
                 records=[detection(time.time_ns(), client=f"10.78.0.{i + 1}", labels=labels)]
             )
             producer.produce(
-                "cgloop.detections.v1",
+                DETECTIONS.name,
                 batch.SerializeToString(),
                 key=run,
                 headers=headers_for(batch),
@@ -428,9 +428,9 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     }
     producer = BatchProducer(bootstrap)
     for (value, headers), _ in bad.items():
-        producer.send_raw("cgloop.detections.v1", value, key=run, headers=list(headers))
+        producer.send_raw(DETECTIONS.name, value, key=run, headers=list(headers))
     good = detection(time.time_ns(), client="10.79.0.2", labels=labels)
-    producer.send("cgloop.detections.v1", dpb.DetectionBatch(records=[good]), key=run)
+    producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[good]), key=run)
     producer.flush()
     stop = threading.Event()
     with AgentServer(MemoryNodeAgent("node-a")) as agent:
@@ -473,7 +473,7 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     for words in bad.values():
         assert any(words in r for r in reasons), (words, reasons)
     assert len(mine) == len(bad)
-    assert all(x.topic == "cgloop.detections.v1" for x in mine)
+    assert all(x.topic == DETECTIONS.name for x in mine)
 
 
 def _actions_topic_writable(bootstrap: str, writable: bool) -> None:
@@ -493,7 +493,7 @@ def _actions_topic_writable(bootstrap: str, writable: bool) -> None:
         None if writable else "1",
         incremental_operation=AlterConfigOpType.DELETE if writable else AlterConfigOpType.SET,
     )
-    resource = ConfigResource(ResourceType.TOPIC, "cgloop.actions.v1", incremental_configs=[entry])
+    resource = ConfigResource(ResourceType.TOPIC, ACTIONS.name, incremental_configs=[entry])
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
@@ -537,7 +537,7 @@ def test_kill_9_of_cgloop_policy_run_loses_no_journaled_result(
             entries[entry.action.id] = entry.state
         return list(entries.values())
 
-    audit = BatchConsumer(bootstrap, f"audit-{run}", ["cgloop.actions.v1"])
+    audit = BatchConsumer(bootstrap, f"audit-{run}", [ACTIONS.name])
     seen: list[apb.ActionEvent] = []
 
     def read_audit() -> list[apb.ActionEvent]:
@@ -574,7 +574,7 @@ def test_kill_9_of_cgloop_policy_run_loses_no_journaled_result(
                     records=[detection(time.time_ns(), client=f"10.80.0.{i + 1}", labels=labels)]
                 )
                 producer.produce(
-                    "cgloop.detections.v1",
+                    DETECTIONS.name,
                     batch.SerializeToString(),
                     key=run,
                     headers=headers_for(batch),

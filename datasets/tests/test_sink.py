@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cgloop.bus.codec import SCHEMA_HEADER, TYPE_HEADER, DecodeError, decode, headers_for
 from cgloop.bus.kafka import BatchProducer
-from cgloop.bus.topics import DEADLETTER, TOPICS
+from cgloop.bus.topics import ACTIONS, DEADLETTER, DETECTIONS, FLOWS, INT, NODES, PROBES, TOPICS
 from cgloop.config import Settings
 from cgloop.testing import cgloop_cmd, kafka_answer
 
@@ -22,17 +22,17 @@ pytestmark = pytest.mark.kafka
 
 # Table -> rows one sample batch of its topic puts there.
 TABLES = {
-    "flow_records": ("cgloop.flows.v1", 1),
-    "int_hop_records": ("cgloop.int.v1", 1),
-    "int_flow_records": ("cgloop.int.v1", 1),
-    "int_queue_records": ("cgloop.int.v1", 1),
-    "int_drop_records": ("cgloop.int.v1", 1),
-    "probe_records": ("cgloop.probes.v1", 1),
-    "node_samples": ("cgloop.nodes.v1", 1),
-    "detections": ("cgloop.detections.v1", 5),
-    "actions": ("cgloop.actions.v1", 11),  # the old-shape action, one per typed operation
-    "action_results": ("cgloop.actions.v1", 8),
-    "dead_letters": ("cgloop.deadletter.v1", 1),
+    "flow_records": (FLOWS.name, 1),
+    "int_hop_records": (INT.name, 1),
+    "int_flow_records": (INT.name, 1),
+    "int_queue_records": (INT.name, 1),
+    "int_drop_records": (INT.name, 1),
+    "probe_records": (PROBES.name, 1),
+    "node_samples": (NODES.name, 1),
+    "detections": (DETECTIONS.name, 5),
+    "actions": (ACTIONS.name, 11),  # the old-shape action, one per typed operation
+    "action_results": (ACTIONS.name, 8),
+    "dead_letters": (DEADLETTER.name, 1),
 }
 
 
@@ -101,7 +101,7 @@ def test_overdue_notices_are_kept_apart_from_measured_rtts(
     sink_store: SinkStore, stack_settings: Settings
 ) -> None:
     source = f"sink-overdue-{uuid.uuid4()}"
-    batch = sample("cgloop.probes.v1", source)
+    batch = sample(PROBES.name, source)
     (lost,) = batch.records
     lost.overdue = False  # the sample sets every field; here it is a plain loss
     notice = type(lost)()
@@ -110,7 +110,7 @@ def test_overdue_notices_are_kept_apart_from_measured_rtts(
     notice.lost, notice.overdue, notice.rtt_ns, notice.received_ns = False, True, 20_000_000, 0
     batch.records.append(notice)
     producer = BatchProducer(stack_settings.bootstrap_servers)
-    producer.send("cgloop.probes.v1", batch)
+    producer.send(PROBES.name, batch)
     producer.flush()
     rows = sink_store.wait_for(
         "SELECT lost, overdue, rtt_ns FROM cgloop.probe_records WHERE source_id = {s:String}"
@@ -126,18 +126,18 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_good_ones_still_land(
 ) -> None:
     source = f"sink-poison-{uuid.uuid4()}"
     producer = BatchProducer(stack_settings.bootstrap_servers)
-    flows = headers_for(sample("cgloop.flows.v1", source))
-    producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, 1))
+    flows = headers_for(sample(FLOWS.name, source))
+    producer.send(FLOWS.name, sample(FLOWS.name, source, 1))
     producer.send_raw(  # not protobuf
-        "cgloop.flows.v1", b"\xff\xff\xff garbage", key=source, headers=flows
+        FLOWS.name, b"\xff\xff\xff garbage", key=source, headers=flows
     )
     producer.send_raw(  # empty
-        "cgloop.probes.v1", b"", key=source, headers=headers_for(sample("cgloop.probes.v1", ""))
+        PROBES.name, b"", key=source, headers=headers_for(sample(PROBES.name, ""))
     )
-    detections = headers_for(sample("cgloop.detections.v1", source))
-    probes = sample("cgloop.probes.v1", source).SerializeToString()
-    producer.send_raw("cgloop.detections.v1", probes, key=source, headers=detections)
-    producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, 2))
+    detections = headers_for(sample(DETECTIONS.name, source))
+    probes = sample(PROBES.name, source).SerializeToString()
+    producer.send_raw(DETECTIONS.name, probes, key=source, headers=detections)
+    producer.send(FLOWS.name, sample(FLOWS.name, source, 2))
     producer.flush()
     rows = sink_store.wait_for(
         "SELECT count() FROM cgloop.flow_records WHERE source_id = {s:String}",
@@ -155,15 +155,15 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_good_ones_still_land(
         g=sink_store.group,
     )
     assert [t for t, _ in letters] == [
-        "cgloop.detections.v1",
-        "cgloop.flows.v1",
-        "cgloop.probes.v1",
+        DETECTIONS.name,
+        FLOWS.name,
+        PROBES.name,
     ]
     reasons = {t: r for t, r in letters}
-    assert "empty payload" in reasons["cgloop.probes.v1"]
-    assert "cgloop.v1.FlowRecordBatch" in reasons["cgloop.flows.v1"]
+    assert "empty payload" in reasons[PROBES.name]
+    assert "cgloop.v1.FlowRecordBatch" in reasons[FLOWS.name]
     # A probe batch under a DetectionBatch type header: its fields are not a DetectionBatch's.
-    assert "does not have" in reasons["cgloop.detections.v1"]
+    assert "does not have" in reasons[DETECTIONS.name]
     assert DEADLETTER.name in TOPICS
 
 
@@ -174,8 +174,8 @@ def test_the_sink_refuses_what_the_consumers_refuse_and_keeps_the_good_messages_
     where they arrive together), is dead-lettered by the sink with the very reason the
     consumers' decoder (cgloop.bus.codec.decode) gives, and the good ones are all stored."""
     source = f"sink-agree-{uuid.uuid4()}"
-    flow = "cgloop.flows.v1"
-    int_ = "cgloop.int.v1"
+    flow = FLOWS.name
+    int_ = INT.name
 
     def flow_batch(sequence: int, **header: object) -> bytes:
         batch = sample(flow, source, sequence)
@@ -193,7 +193,7 @@ def test_the_sink_refuses_what_the_consumers_refuse_and_keeps_the_good_messages_
     int_headers = headers_for(sample(int_, source))
     version_99 = [(TYPE_HEADER, flow_headers[0][1]), (SCHEMA_HEADER, b"99")]
     wrong_type = [(TYPE_HEADER, b"cgloop.v1.DetectionBatch"), (SCHEMA_HEADER, b"1")]
-    probes = sample("cgloop.probes.v1", source).SerializeToString()
+    probes = sample(PROBES.name, source).SerializeToString()
     # (topic, value, headers): good ones carry sequences 1.., bad ones 100..
     messages = [
         (flow, flow_batch(1), flow_headers),
@@ -279,7 +279,7 @@ def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twic
     producer = BatchProducer(stack_settings.bootstrap_servers)
     # 40 flow batches of 1 record each on one partition (same key), 40 distinct sequences.
     for i in range(40):
-        producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, i + 1), key=source)
+        producer.send(FLOWS.name, sample(FLOWS.name, source, i + 1), key=source)
     producer.flush()
     # The standalone embedded sink inserts its first chunk, then dies before committing.
     crashed = subprocess.run(
@@ -309,7 +309,7 @@ def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twic
     store = SinkStore(folder, stack_settings.bootstrap_servers, group, "--close-minutes-every", "1")
     try:
         for i in range(40, 50):
-            producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, i + 1), key=source)
+            producer.send(FLOWS.name, sample(FLOWS.name, source, i + 1), key=source)
         producer.flush()
         count = (
             "SELECT count(), uniqExact(sequence) FROM cgloop.flow_records"
@@ -324,7 +324,7 @@ def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twic
         # rows (ClickHouse commits an insert table by table), so two reads at different times
         # could count one record in the raw table and not yet in the roll-up (the issue's "52
         # against 53", gone a moment later).
-        _wait_committed(stack_settings.bootstrap_servers, group, "cgloop.flows.v1")
+        _wait_committed(stack_settings.bootstrap_servers, group, FLOWS.name)
         both = store.query(
             "SELECT (SELECT sum(records) FROM cgloop.flow_stats_1m"
             " WHERE src_addr = toIPv6('198.51.100.7') AND dst_port = 51000"
@@ -361,7 +361,7 @@ def test_a_crash_between_insert_and_commit_loses_nothing_and_counts_nothing_twic
         first = store.wait_for(check, caught_up(50))
         assert first[0][0] == first[0][1] and first[0][2] == first[0][3], first
         for i in range(50, 60):
-            producer.send("cgloop.flows.v1", sample("cgloop.flows.v1", source, i + 1), key=source)
+            producer.send(FLOWS.name, sample(FLOWS.name, source, i + 1), key=source)
         producer.flush()
         again = store.wait_for(check, caught_up(int(first[0][0]) + 10))
         assert again[0][0] == again[0][1] and again[0][2] == again[0][3], again

@@ -27,6 +27,7 @@ _SCRIPT = r"""
 import json, sys
 from pathlib import Path
 import clickhouse_connect
+from cgloop.bus.topics import ACTIONS
 from cgloop.contracts.samples import sample_action_batch
 from cgloop.datasets.records import KINDS
 from cgloop.datasets.sink.writer import StoreWriter
@@ -34,7 +35,7 @@ from cgloop.datasets.store.migrations import migrate
 
 store, before_0012, old_batch = sys.argv[1:4]
 client = clickhouse_connect.get_client(dsn=f"chdb://{store}")
-kind = KINDS["cgloop.actions.v1"]
+kind = KINDS[ACTIONS.name]
 migrate(client, Path(before_0012))
 StoreWriter(client, columnar=False).insert(kind, [Path(old_batch).read_bytes()], "old")
 applied = migrate(client)

@@ -6,13 +6,14 @@ Real broker (the stack fixture)."""
 from __future__ import annotations
 
 from cgloop.analytics.worker import INPUT_TOPICS
+from cgloop.bus.topics import FLOWS
 from cgloop.config import Settings, kafka_client_config
 from cgloop.loop.closed_loop import ANALYTICS_TOPICS
 from cgloop.loop.services import group_caught_up
 from cgloop.testing import kafka_answer
 from confluent_kafka import Consumer, Producer
 
-TOPIC = "cgloop.flows.v1"
+TOPIC = FLOWS.name
 def test_the_loop_waits_for_the_topics_the_worker_reads():
     assert set(ANALYTICS_TOPICS) == set(INPUT_TOPICS)
 
