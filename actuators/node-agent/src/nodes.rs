@@ -106,6 +106,8 @@ pub fn sample(
         functions: functions(state),
         power_watts: None,
         energy_joules: None,
+        queues: Vec::new(),
+        micro_loop: None,
     }
 }
 

@@ -107,4 +107,9 @@ impl NodeAgentService for Service {
         let r = r.into_inner();
         call(&self.agent, move |a| a.set_impairment(&r)).await
     }
+
+    async fn protect_flows(&self, _r: Request<ProtectFlowsRequest>) -> Reply<ProtectFlowsResponse> {
+        // The node micro loop's latency guard (issue 19) is being built; until then say so.
+        Err(Status::unimplemented("ProtectFlows: the latency guard is not built yet"))
+    }
 }

@@ -23,12 +23,14 @@ use crate::v1::{
     FlowRecordBatch, Forward, FunctionCounters, FunctionKind, InstalledFlowRule, InstalledIntent,
     InstalledMeter, IntDropRecord, IntEventReason, IntFlowRecord, IntHop, IntHopRecord,
     IntQueueRecord, IntRecord, IntRecordBatch, LatencySummary, LinkRef, Log2Histogram, Mark,
-    MeterBand, MeterBandType, MeterUnit, Mirror, NodeSample, NodeSampleBatch, NotifyAction,
-    OnosConnectPoint, OnosFlowRuleAction, OnosIntentAction, OnosMeterAction, OnosQueueAction,
-    PowerPolicy, PreviousChain, PreviousClassRate, PreviousFlowClass, PreviousPowerPolicies,
-    PreviousState, ProbeMethod, ProbeRecord, ProbeRecordBatch, QueueRef, RateLimit, RecordHeader,
-    ReprioritiseFlowAction, RtpStats, ServiceChain, SetChainAction, SetClassRateAction,
-    SetPowerPolicyAction, Severity, Verdict, Verification, XmanMode,
+    MeterBand, MeterBandType, MeterUnit, MicroLoopStatus, Mirror, NodeSample, NodeSampleBatch,
+    NotifyAction, OnosConnectPoint, OnosFlowRuleAction, OnosIntentAction, OnosMeterAction,
+    OnosQueueAction, PowerPolicy, PreviousChain, PreviousClassRate, PreviousFlowClass,
+    PreviousPowerPolicies, PreviousProtections, PreviousState, ProbeMethod, ProbeRecord,
+    ProbeRecordBatch, ProtectFlowAction, ProtectedFlow, QueueProtectionSanction, QueueRef,
+    QueueSample, RateLimit, RecordHeader, ReprioritiseFlowAction, RtpStats, ServiceChain,
+    SetChainAction, SetClassRateAction, SetCoreFrequencyAction, SetPowerPolicyAction, Severity,
+    Verdict, Verification, XmanMode,
 };
 use crate::SCHEMA_VERSION;
 
@@ -272,7 +274,30 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         ],
         power_watts: Some(42.5),
         energy_joules: Some(12_345.25),
-        ..Default::default()
+        queues: vec![QueueSample {
+            interface_name: "cpe".to_owned(),
+            class_id: 0x10040,
+            class_name: "l4s".to_owned(),
+            backlog_bytes: 3_000,
+            backlog_packets: 2,
+            max_backlog_bytes: 15_000,
+            drops: 7,
+            overlimits: 120,
+            sent_packets: 50_000,
+            sent_bytes: 60_000_000,
+            sojourn_packets: 900,
+            sojourn_p50_ns: 150_000,
+            sojourn_p99_ns: 1_100_000,
+            sojourn_max_ns: 2_300_000,
+            qprot_sanctioned_packets: 1_200,
+            ce_marked_packets: 35,
+        }],
+        micro_loop: Some(MicroLoopStatus {
+            acting: true,
+            reason: "1 of 3 queue readers failing: cpe (netlink: No such device)".to_owned(),
+            queue_sample_age_ns: 900_000,
+            protected_flows: 2,
+        }),
     };
     NodeSampleBatch {
         records: vec![sample],
@@ -641,7 +666,67 @@ fn typed_actions() -> Vec<Action> {
         })),
         ..Default::default()
     });
+    out.extend(node_level_actions());
     out
+}
+
+/// The operations only the node micro loop records (and the engine's protect_flow).
+fn node_level_actions() -> Vec<Action> {
+    use action::Spec;
+    let specs = vec![
+        (
+            ActionOperation::ProtectFlow,
+            Spec::ProtectFlow(ProtectFlowAction {
+                latency_slo_ns: 20_000_000,
+                class_id: 0x10020,
+                rewrite_dscp: Some(46),
+                ttl_ns: 30_000_000_000,
+            }),
+        ),
+        (
+            ActionOperation::QueueProtectionSanction,
+            Spec::QueueProtectionSanction(QueueProtectionSanction {
+                from_class_id: 0x10040,
+                to_class_id: 0x10010,
+                sanctioned_packets: 1_200,
+                sanctioned_bytes: 1_440_000,
+                interval_start_ns: T0_NS + 1_000_000_000,
+                interval_end_ns: T0_NS + 1_100_000_000,
+                max_score_us: 5_250.5,
+                max_queue_delay_ns: 2_400_000,
+            }),
+        ),
+        (
+            ActionOperation::SetCoreFrequency,
+            Spec::SetCoreFrequency(SetCoreFrequencyAction {
+                core: 2,
+                min_frequency_khz: 2_400_000,
+                max_frequency_khz: 3_000_000,
+                previous_min_frequency_khz: 800_000,
+                previous_max_frequency_khz: 3_000_000,
+                xman_mode: "load".to_owned(),
+            }),
+        ),
+    ];
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (operation, spec))| Action {
+            header: header(
+                "node-a/agent",
+                40 + i as u64,
+                T0_NS + 1_100_000_000 + i as u64,
+            ),
+            id: format!("{}{}", &ACTION_ID[..ACTION_ID.len() - 2], 40 + i),
+            level: ActionLevel::Node as i32,
+            operation: operation as i32,
+            state: ActionState::Applied as i32,
+            cause: "class 1:40 queue delay 2.4 ms >= 1.0 ms, bucket score 5250 us >= 4000 us"
+                .to_owned(),
+            spec: Some(spec),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// One applied result per member of PreviousState, the typed rollback state.
@@ -690,6 +775,19 @@ fn typed_results() -> Vec<ActionResult> {
         State::OnosIntent(InstalledIntent {
             app_id: "org.cgloop".to_owned(),
             key: "0x12".to_owned(),
+        }),
+        State::Protections(PreviousProtections {
+            flows: vec![ProtectedFlow {
+                interface_name: "cpe".to_owned(),
+                flow: Some(gaming_five_tuple()),
+                latency_slo_ns: 20_000_000,
+                class_id: 0x10020,
+                rewrite_dscp: Some(46),
+                ttl_ns: 30_000_000_000,
+                expires_ns: T0_NS + 30_000_000_000,
+                promoted: true,
+                promotions: 3,
+            }],
         }),
     ];
     previous

@@ -233,6 +233,32 @@ def sample_node_sample_batch() -> node_pb2.NodeSampleBatch:
         functions=[function("router", 0, 1_000_000), function("nat", 1, 999_000)],
         power_watts=42.5,
         energy_joules=12_345.25,
+        queues=[
+            node_pb2.QueueSample(
+                interface_name="cpe",
+                class_id=0x10040,
+                class_name="l4s",
+                backlog_bytes=3_000,
+                backlog_packets=2,
+                max_backlog_bytes=15_000,
+                drops=7,
+                overlimits=120,
+                sent_packets=50_000,
+                sent_bytes=60_000_000,
+                sojourn_packets=900,
+                sojourn_p50_ns=150_000,
+                sojourn_p99_ns=1_100_000,
+                sojourn_max_ns=2_300_000,
+                qprot_sanctioned_packets=1_200,
+                ce_marked_packets=35,
+            )
+        ],
+        micro_loop=node_pb2.MicroLoopStatus(
+            acting=True,
+            reason="1 of 3 queue readers failing: cpe (netlink: No such device)",
+            queue_sample_age_ns=900_000,
+            protected_flows=2,
+        ),
     )
     return node_pb2.NodeSampleBatch(records=[sample])
 
@@ -469,7 +495,58 @@ def _typed_actions() -> list[action_pb2.Action]:
         rollback_of_action_id=f"{ACTION_ID[:-2]}20",
         rollback=a.PreviousState(flow_class=a.PreviousFlowClass()),
     )
-    return [*out, rollback]
+    return [*out, rollback, *_node_level_actions()]
+
+
+def _node_level_actions() -> list[action_pb2.Action]:
+    """The operations only the node micro loop records (and the engine's protect_flow)."""
+    a = action_pb2
+    op = a.ActionOperation
+    specs = [
+        (
+            "protect_flow",
+            a.ProtectFlowAction(
+                latency_slo_ns=20_000_000, class_id=0x10020, rewrite_dscp=46, ttl_ns=30_000_000_000
+            ),
+        ),
+        (
+            "queue_protection_sanction",
+            a.QueueProtectionSanction(
+                from_class_id=0x10040,
+                to_class_id=0x10010,
+                sanctioned_packets=1_200,
+                sanctioned_bytes=1_440_000,
+                interval_start_ns=T0_NS + 1_000_000_000,
+                interval_end_ns=T0_NS + 1_100_000_000,
+                max_score_us=5_250.5,
+                max_queue_delay_ns=2_400_000,
+            ),
+        ),
+        (
+            "set_core_frequency",
+            a.SetCoreFrequencyAction(
+                core=2,
+                min_frequency_khz=2_400_000,
+                max_frequency_khz=3_000_000,
+                previous_min_frequency_khz=800_000,
+                previous_max_frequency_khz=3_000_000,
+                xman_mode="load",
+            ),
+        ),
+    ]
+    out = []
+    for i, (name, spec) in enumerate(specs):
+        action = a.Action(
+            header=_header("node-a/agent", 40 + i, T0_NS + 1_100_000_000 + i),
+            id=f"{ACTION_ID[:-2]}{40 + i}",
+            level=a.ACTION_LEVEL_NODE,
+            operation=op.Value(f"ACTION_OPERATION_{name.upper()}"),
+            state=a.ACTION_STATE_APPLIED,
+            cause="class 1:40 queue delay 2.4 ms >= 1.0 ms, bucket score 5250 us >= 4000 us",
+        )
+        getattr(action, name).CopyFrom(spec)
+        out.append(action)
+    return out
 
 
 def _typed_results() -> list[action_pb2.ActionResult]:
@@ -517,6 +594,23 @@ def _typed_results() -> list[action_pb2.ActionResult]:
             onos_meter=a.InstalledMeter(device_id="of:0000000000000001", meter_id="5")
         ),
         a.PreviousState(onos_intent=a.InstalledIntent(app_id="org.cgloop", key="0x12")),
+        a.PreviousState(
+            protections=a.PreviousProtections(
+                flows=[
+                    na.ProtectedFlow(
+                        interface_name="cpe",
+                        flow=gaming_five_tuple(),
+                        latency_slo_ns=20_000_000,
+                        class_id=0x10020,
+                        rewrite_dscp=46,
+                        ttl_ns=30_000_000_000,
+                        expires_ns=T0_NS + 30_000_000_000,
+                        promoted=True,
+                        promotions=3,
+                    )
+                ]
+            )
+        ),
     ]
     return [
         a.ActionResult(
