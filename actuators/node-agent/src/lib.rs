@@ -21,6 +21,7 @@ pub mod afxdp;
 pub mod bounds;
 pub mod journal;
 pub mod power;
+pub mod queue_view;
 
 mod chains;
 mod datapath;
