@@ -101,6 +101,79 @@ impl Default for PowerSettings {
     }
 }
 
+/// `[guard]`: the node micro loop's latency guard of protected flows (src/guard.rs) and the
+/// audit of what the micro loop does (src/audit.rs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardSettings {
+    /// Off: protections are still accepted and listed, but the guard never moves a flow.
+    pub enabled: bool,
+    /// Promote a protected flow when the queue delay of its class reaches this share of its SLO.
+    pub guard_fraction: f64,
+    /// Release it only when the class it came from is below this share of its SLO (hysteresis).
+    pub release_fraction: f64,
+    /// Least time a flow stays promoted before it may be released.
+    pub hold_ms: u64,
+    /// Cap on the guard's promotions and releases together, per second, over all flows.
+    pub max_changes_per_s: u32,
+    /// Bound on the flows ProtectFlows may hold at once (RESOURCE_EXHAUSTED beyond it).
+    pub max_protected_flows: usize,
+    /// The guard looks for a new queue tick this often.
+    pub poll_interval_us: u64,
+    /// A queue tick older than this is stale: the guard does not act on it.
+    pub max_tick_age_us: u64,
+    /// Queue-protection sanctions are aggregated per flow over this interval before they are
+    /// audited.
+    pub audit_interval_ms: u64,
+    /// Audit records waiting for Kafka at most; beyond it they are dropped and counted (the
+    /// micro loop never waits for the audit).
+    pub audit_queue: usize,
+}
+
+impl Default for GuardSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            guard_fraction: 0.25,
+            release_fraction: 0.05,
+            hold_ms: 2000,
+            max_changes_per_s: 20,
+            max_protected_flows: 256,
+            poll_interval_us: 500,
+            max_tick_age_us: 5000,
+            audit_interval_ms: 100,
+            audit_queue: 4096,
+        }
+    }
+}
+
+impl GuardSettings {
+    /// Every key within its bounds; a refusal names the key and the bounds.
+    pub fn check(&self) -> Result<()> {
+        let g = self;
+        let within = |key: &str, v: f64, lo: f64, hi: f64| -> Result<()> {
+            anyhow::ensure!(v.is_finite() && (lo..=hi).contains(&v), "guard.{key} {v} is outside {lo}..{hi}");
+            Ok(())
+        };
+        within("guard_fraction", g.guard_fraction, 0.01, 1.0)?;
+        within("release_fraction", g.release_fraction, 0.0, 1.0)?;
+        anyhow::ensure!(
+            g.release_fraction < g.guard_fraction,
+            "guard.release_fraction {} must be below guard.guard_fraction {} (hysteresis)",
+            g.release_fraction,
+            g.guard_fraction
+        );
+        within("hold_ms", g.hold_ms as f64, 0.0, 600_000.0)?;
+        within("max_changes_per_s", g.max_changes_per_s as f64, 1.0, 10_000.0)?;
+        within("max_protected_flows", g.max_protected_flows as f64, 1.0, 65_536.0)?;
+        within("poll_interval_us", g.poll_interval_us as f64, 100.0, 100_000.0)?;
+        within("max_tick_age_us", g.max_tick_age_us as f64, 1000.0, 1_000_000.0)?;
+        within("audit_interval_ms", g.audit_interval_ms as f64, 10.0, 60_000.0)?;
+        within("audit_queue", g.audit_queue as f64, 16.0, 1_000_000.0)?;
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -141,6 +214,9 @@ pub struct Config {
     /// `kafka_bootstrap` is set; 0 = none.
     pub node_sample_interval_ms: u64,
     pub node_topic: String,
+    /// Where the node micro loop's actions go (`Action` records, level NODE), with Kafka.
+    pub action_topic: String,
+    pub guard: GuardSettings,
 }
 
 impl Default for Config {
@@ -163,6 +239,8 @@ impl Default for Config {
             advanced_rt_priority: 10,
             node_sample_interval_ms: 1000,
             node_topic: bus::topic(BusTopic::Nodes).name.clone(),
+            action_topic: bus::topic(BusTopic::Actions).name.clone(),
+            guard: GuardSettings::default(),
         }
     }
 }
@@ -211,6 +289,7 @@ impl Config {
             "journal_commit_delay_us {} is above 1000000 (1 s): a crash would lose too much",
             self.journal_commit_delay_us
         );
+        self.guard.check()?;
         Ok(())
     }
 }
@@ -237,6 +316,25 @@ mod tests {
         c.bounds.min_rate_bps = 10;
         c.bounds.max_rate_bps = 5;
         assert!(c.check().unwrap_err().to_string().contains("min_rate_bps"));
+    }
+
+    #[test]
+    fn guard_keys_are_bounded_and_named() {
+        let c: Config = toml::from_str("[guard]\nguard_fraction = 0.3\nhold_ms = 500\n").unwrap();
+        c.check().unwrap();
+        assert_eq!((c.guard.guard_fraction, c.guard.hold_ms, c.guard.max_protected_flows), (0.3, 500, 256));
+        for (toml, key) in [
+            ("guard_fraction = 1.5", "guard.guard_fraction 1.5 is outside 0.01..1"),
+            ("release_fraction = 0.3", "guard.release_fraction 0.3 must be below"),
+            ("max_changes_per_s = 0", "guard.max_changes_per_s"),
+            ("max_protected_flows = 0", "guard.max_protected_flows"),
+            ("audit_interval_ms = 1", "guard.audit_interval_ms 1 is outside 10..60000"),
+        ] {
+            let c: Config = toml::from_str(&format!("[guard]\n{toml}\n")).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+        assert!(toml::from_str::<Config>("[guard]\nguard = 1\n").is_err());
     }
 
     #[test]

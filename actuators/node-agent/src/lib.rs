@@ -9,6 +9,7 @@ pub mod agent;
 pub mod config;
 pub mod error;
 pub mod export;
+pub mod guard;
 pub mod nodes;
 pub mod power_glue;
 pub mod probes;
