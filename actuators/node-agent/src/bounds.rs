@@ -347,7 +347,8 @@ mod tests {
             ..Default::default()
         };
         g.protected_flow("flows[0]", &ok).unwrap();
-        let cases: [(fn(&mut ProtectedFlow), &str); 7] = [
+        type Change = fn(&mut ProtectedFlow);
+        let cases: [(Change, &str); 7] = [
             (|p| p.latency_slo_ns = 99_999, "flows[0].latency_slo_ns 99999 is outside 100000..10000000000"),
             (|p| p.latency_slo_ns = 10_000_000_001, "flows[0].latency_slo_ns"),
             (|p| p.ttl_ns = 999_999_999, "flows[0].ttl_ns 999999999 is outside 1000000000..3600000000000"),

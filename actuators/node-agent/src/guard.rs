@@ -40,7 +40,6 @@ pub struct Rule {
 /// Where the agent's rules steer a flow now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    pub ifindex: u32,
     /// The flow's own rule (desired state); None: the interface's default class.
     pub rule: Option<Rule>,
     pub default_class: u32,
@@ -123,6 +122,8 @@ struct Promotion {
 #[derive(Debug, Clone)]
 struct Entry {
     spec: ProtectedFlow,
+    /// Its interface's index, resolved when it was protected (ticks are keyed by it).
+    ifindex: u32,
     promotion: Option<Promotion>,
 }
 
@@ -188,7 +189,14 @@ impl Guard {
     /// Upserts (ttl_ns > 0) or removes (ttl_ns 0) protections, each already checked against
     /// the bounds and the hierarchy. Refused as a whole when the count bound would be passed.
     /// A renewal keeps a promotion; a removal of a promoted flow moves it back at the next step.
-    pub fn protect(&self, flows: &[ProtectedFlow], now: u64, dry: bool) -> AgentResult<Protected> {
+    /// `ifindexes` are the flows' interfaces' indexes, in order.
+    pub fn protect(
+        &self,
+        flows: &[ProtectedFlow],
+        ifindexes: &[u32],
+        now: u64,
+        dry: bool,
+    ) -> AgentResult<Protected> {
         let mut st = self.lock();
         let mut keys: std::collections::BTreeSet<Key> = st.flows.keys().cloned().collect();
         for p in flows {
@@ -211,7 +219,8 @@ impl Guard {
             .collect();
         let mut changed = false;
         let mut applied = Vec::with_capacity(flows.len());
-        for p in flows {
+        for (i, p) in flows.iter().enumerate() {
+            let ifindex = ifindexes.get(i).copied().unwrap_or(0);
             let k = key(p);
             let spec = ProtectedFlow {
                 expires_ns: if p.ttl_ns == 0 {
@@ -245,6 +254,7 @@ impl Guard {
                     };
                     Entry {
                         spec,
+                        ifindex,
                         promotion: e.promotion.clone(),
                     }
                 }
@@ -252,6 +262,7 @@ impl Guard {
                     changed = true;
                     Entry {
                         spec,
+                        ifindex,
                         promotion: None,
                     }
                 }
@@ -268,28 +279,22 @@ impl Guard {
         })
     }
 
-    /// Protections restored from the journal (those not expired yet), never promoted.
-    pub fn restore(&self, flows: &[ProtectedFlow], now: u64) -> usize {
-        let mut st = self.lock();
-        let mut n = 0;
-        for p in flows
-            .iter()
-            .filter(|p| p.expires_ns > now && p.flow.is_some())
-        {
-            let spec = ProtectedFlow {
-                promoted: false,
-                ..p.clone()
-            };
-            st.flows.insert(
-                key(p),
-                Entry {
-                    spec,
-                    promotion: None,
-                },
-            );
-            n += 1;
+    /// A protection restored from the journal, unless it has expired; never promoted.
+    pub fn restore(&self, p: &ProtectedFlow, ifindex: u32, now: u64) -> bool {
+        if p.expires_ns <= now || p.flow.is_none() {
+            return false;
         }
-        n
+        let spec = ProtectedFlow {
+            promoted: false,
+            ..p.clone()
+        };
+        let entry = Entry {
+            spec,
+            ifindex,
+            promotion: None,
+        };
+        self.lock().flows.insert(key(p), entry);
+        true
     }
 
     /// Every protection, as GetState and the journal show it.
@@ -408,7 +413,7 @@ impl Guard {
                     if place.class() == e.spec.class_id {
                         continue; // already where the guard would move it
                     }
-                    (place.ifindex, place.class(), false)
+                    (e.ifindex, place.class(), false)
                 }
             };
             let Some(q) = tick.class(ifindex, class) else {
@@ -459,10 +464,8 @@ impl Guard {
                 break;
             }
             let result = match e.promotion.clone() {
-                Some(p) => release(s, e, &p, cause, tick.taken_ns).map(|m| {
-                    e.promotion = None; // moved back, or superseded by another rule
-                    m
-                }),
+                // Moved back, or superseded by another rule: no longer promoted either way.
+                Some(p) => release(s, e, &p, cause, tick.taken_ns).inspect(|_| e.promotion = None),
                 None => promote(s, e, ifindex, class, cause, tick.taken_ns, now),
             };
             match result {

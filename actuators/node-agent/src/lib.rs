@@ -6,6 +6,7 @@
 //! GroupCommit::durable, power's readers …) would read as dead code from a private module.
 //! Private: the datapath and its helpers, reached only through `agent`.
 pub mod agent;
+pub mod audit;
 pub mod config;
 pub mod error;
 pub mod export;

@@ -23,7 +23,6 @@ struct Fake {
 impl Steering for Fake {
     fn placement(&self, _interface: &str, flow: &FiveTuple) -> Option<Placement> {
         (!self.no_hierarchy).then(|| Placement {
-            ifindex: IFX,
             rule: self.rules.get(&flow.encode_to_vec()).copied(),
             default_class: BE,
         })
@@ -103,7 +102,7 @@ const T0: u64 = 1_000_000_000_000;
 fn a_flow_is_promoted_when_its_class_passes_the_guard_and_only_then() {
     let g = guard(GuardSettings::default());
     let h = hands();
-    g.protect(&[protection(1)], T0, false).unwrap();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     // 4.9 ms < 0.25 × 20 ms: nothing.
     assert!(g.step(Some(&tick(T0, 4_900_000)), "", T0, &h).is_empty());
     assert!(h.0.lock().unwrap().written.is_empty());
@@ -151,7 +150,7 @@ fn a_flow_is_promoted_when_its_class_passes_the_guard_and_only_then() {
 fn no_move_on_a_missing_or_stale_tick_and_the_status_says_why() {
     let g = guard(GuardSettings::default());
     let h = hands();
-    g.protect(&[protection(1)], T0, false).unwrap();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     assert!(g
         .step(None, "reading class stats of cpe: EPERM", T0, &h)
         .is_empty());
@@ -175,7 +174,7 @@ fn no_move_on_a_missing_or_stale_tick_and_the_status_says_why() {
     // The same tick twice is acted on once.
     let t = tick(T0 + 10 * MS, 6 * MS);
     assert_eq!(g.step(Some(&t), "", T0 + 10 * MS, &h).len(), 1);
-    g.protect(&[protection(2)], T0, false).unwrap();
+    g.protect(&[protection(2)], &[IFX; 5], T0, false).unwrap();
     assert!(g.step(Some(&t), "", T0 + 11 * MS, &h).is_empty());
 }
 
@@ -183,7 +182,7 @@ fn no_move_on_a_missing_or_stale_tick_and_the_status_says_why() {
 fn release_waits_for_the_hold_and_the_hysteresis() {
     let g = guard(GuardSettings::default()); // hold 2 s, release below 1 ms
     let h = hands();
-    g.protect(&[protection(1)], T0, false).unwrap();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     assert_eq!(g.step(Some(&tick(T0, 8 * MS)), "", T0, &h).len(), 1);
     // Queue gone at once: still held.
     assert!(g
@@ -237,7 +236,7 @@ fn a_flow_with_its_own_rule_goes_back_to_it_and_one_in_the_protected_class_stays
             rewrite_dscp: None,
         },
     );
-    g.protect(&[protection(1), protection(2)], T0, false)
+    g.protect(&[protection(1), protection(2)], &[IFX; 5], T0, false)
         .unwrap();
     let mut t = tick(T0, 0);
     t.classes.push(ClassQueue {
@@ -266,7 +265,7 @@ fn a_rule_set_by_the_global_loop_wins_over_a_promotion() {
         ..Default::default()
     });
     let h = hands();
-    g.protect(&[protection(1)], T0, false).unwrap();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     assert_eq!(g.step(Some(&tick(T0, 8 * MS)), "", T0, &h).len(), 1);
     // SetFlowClass moved the flow meanwhile: the guard forgets its promotion, writes nothing.
     h.0.lock().unwrap().rules.insert(
@@ -290,7 +289,7 @@ fn moves_are_capped_per_second() {
     });
     let h = hands();
     let flows: Vec<_> = (1..=5).map(protection).collect();
-    g.protect(&flows, T0, false).unwrap();
+    g.protect(&flows, &[IFX; 5], T0, false).unwrap();
     assert_eq!(g.step(Some(&tick(T0, 9 * MS)), "", T0, &h).len(), 3);
     assert!(
         g.status()
@@ -321,6 +320,7 @@ fn expiry_and_removal_move_a_promoted_flow_back() {
                 ..protection(2)
             },
         ],
+        &[IFX; 5],
         T0,
         false,
     )
@@ -333,6 +333,7 @@ fn expiry_and_removal_move_a_promoted_flow_back() {
                 ttl_ns: 0,
                 ..protection(1)
             }],
+            &[IFX; 5],
             T0 + MS,
             false,
         )
@@ -363,10 +364,12 @@ fn protect_upserts_bounded_and_renewal_keeps_the_promotion() {
     });
     let h = hands();
     let r = g
-        .protect(&[protection(1), protection(2)], T0, false)
+        .protect(&[protection(1), protection(2)], &[IFX; 5], T0, false)
         .unwrap();
     assert!(r.changed && r.previous.is_empty() && r.applied[0].expires_ns == T0 + 30_000 * MS);
-    let e = g.protect(&[protection(3)], T0, false).unwrap_err();
+    let e = g
+        .protect(&[protection(3)], &[IFX; 5], T0, false)
+        .unwrap_err();
     assert!(
         matches!(e, AgentError::Exhausted(_)) && e.to_string().contains("max_protected_flows is 2"),
         "{e}"
@@ -380,13 +383,16 @@ fn protect_upserts_bounded_and_renewal_keeps_the_promotion() {
             },
             protection(3),
         ],
+        &[IFX; 5],
         T0,
         true,
     )
     .unwrap();
     assert_eq!(g.list().len(), 2, "dry run changes nothing");
     assert_eq!(g.step(Some(&tick(T0, 8 * MS)), "", T0, &h).len(), 2);
-    let r = g.protect(&[protection(1)], T0 + 5000 * MS, false).unwrap();
+    let r = g
+        .protect(&[protection(1)], &[IFX; 5], T0 + 5000 * MS, false)
+        .unwrap();
     assert!(!r.changed, "a renewal changes nothing but the expiry");
     let p = g
         .list()
@@ -403,6 +409,7 @@ fn protect_upserts_bounded_and_renewal_keeps_the_promotion() {
                 latency_slo_ns: 50 * MS,
                 ..protection(1)
             }],
+            &[IFX; 5],
             T0,
             false,
         )
@@ -414,7 +421,7 @@ fn protect_upserts_bounded_and_renewal_keeps_the_promotion() {
 fn failures_and_blind_spots_are_in_the_status() {
     let g = guard(GuardSettings::default());
     let h = hands();
-    g.protect(&[protection(1)], T0, false).unwrap();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     h.0.lock().unwrap().fail = true;
     assert!(g.step(Some(&tick(T0, 8 * MS)), "", T0, &h).is_empty());
     assert!(
@@ -447,7 +454,7 @@ fn a_disabled_guard_keeps_protections_but_moves_nothing() {
         ..Default::default()
     });
     let h = hands();
-    g.protect(&[protection(1)], T0, false).unwrap();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     assert!(g.step(Some(&tick(T0, 50 * MS)), "", T0, &h).is_empty());
     let s = g.status();
     assert!(
