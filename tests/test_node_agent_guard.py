@@ -11,19 +11,17 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 from cgloop.v1 import node_agent_pb2 as na
 
+from tests import test_node_agent_netns as netns
 from tests.test_node_agent_netns import (
     GAMING,
     ROOT,
     Lab,
     Receiver,
-    _skip_without_root,
     apply,
     in_netns,
 )
@@ -33,15 +31,8 @@ pytestmark = pytest.mark.root
 MS = 1_000_000
 SLO = 20 * MS
 
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    _skip_without_root()
-    lab = Lab(tmp_path)
-    try:
-        yield lab.up()
-    finally:
-        lab.down()
+# The namespaces fixture of the agent's netns tests (pytest finds it by this name).
+lab = netns.lab
 
 
 def protection(lab: Lab, sport: int, dport: int = 9500, **kw) -> na.ProtectedFlow:

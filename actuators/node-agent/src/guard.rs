@@ -28,7 +28,7 @@ use crate::queue_view::{QueueTick, QueueView};
 use crate::tc::handle_str;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// A flow rule as the guard reads and writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,20 +3,9 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-use cgloop_proto::v1::FiveTuple;
-
 use super::*;
+use crate::guard::tests::flow;
 use crate::guard::Rule;
-
-fn flow(port: u32) -> FiveTuple {
-    FiveTuple {
-        src_addr: vec![10, 0, 0, 1],
-        dst_addr: vec![10, 0, 0, 2],
-        src_port: port,
-        dst_port: 5000,
-        ip_protocol: 17,
-    }
-}
 
 fn promotion() -> Move {
     Move {

@@ -56,7 +56,7 @@ fn hands() -> FakeHands {
     FakeHands(Mutex::new(Fake::default()))
 }
 
-fn flow(port: u32) -> FiveTuple {
+pub(crate) fn flow(port: u32) -> FiveTuple {
     FiveTuple {
         src_addr: vec![10, 0, 0, 1],
         dst_addr: vec![10, 0, 0, 2],
