@@ -8,12 +8,16 @@ The namespaces, the agent and the traffic are those of tests/test_node_agent_net
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 
 import grpc
 import pytest
+from cgloop.bus.kafka import BatchConsumer
+from cgloop.bus.topics import ACTIONS
+from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import node_agent_pb2 as na
 
 from tests import test_node_agent_netns as netns
@@ -150,38 +154,144 @@ def flood(lab: Lab, sport: int, dport: int, seconds: float, stop: threading.Even
     in_netns(lab.ns_a, run)
 
 
-def test_a_protected_flow_is_promoted_and_remarked_when_its_class_queues(lab: Lab):
-    stub = lab.stub()
-    apply(stub, lab)
-    protect(stub, "g1", protection(lab, 42000, dport=9600))
-    status = state(stub).micro_loop
-    if "no queue monitor" in status.reason:
-        pytest.skip(f"this build has no queue monitor: {status.reason}")
-    rx = Receiver(lab, 9600)
+def congest_until_promoted(lab: Lab, stub, sport: int, dport: int):
+    """Floods the default class while the protected flow sends, until GetState shows it
+    promoted (or 20 s pass); returns (the protection, its datapath rules, what B received)."""
+    rx = Receiver(lab, dport)
     stop = threading.Event()
-    flooders = [threading.Thread(target=flood, args=(lab, 42100 + i, 9700, 20.0, stop))
+    flooders = [threading.Thread(target=flood, args=(lab, sport + 100 + i, 9700, 20.0, stop))
                 for i in range(2)]
     for t in flooders:
         t.start()
+    promoted, rules = None, []
     try:
-        promoted, rules = None, []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            lab.send(42000, 9600, 10, gap_s=0.002, size=200)
+            lab.send(sport, dport, 10, gap_s=0.002, size=200)
             s = state(stub)
             if s.protected_flows and s.protected_flows[0].promoted:
                 promoted = s.protected_flows[0]
-                rules = [r for r in s.flow_classes if r.flow.src_port == 42000]
+                rules = [r for r in s.flow_classes if r.flow.src_port == sport]
                 break
-        lab.send(42000, 9600, 20, gap_s=0.002, size=200)
+        lab.send(sport, dport, 20, gap_s=0.002, size=200)
     finally:
         stop.set()
         for t in flooders:
             t.join(10)
-    got = rx.stop()
+    return promoted, rules, rx.stop()
+
+
+def skip_without_monitor(stub) -> None:
+    status = state(stub).micro_loop
+    if "no queue monitor" in status.reason:
+        pytest.skip(f"this build has no queue monitor: {status.reason}")
+
+
+def test_a_protected_flow_is_promoted_and_remarked_when_its_class_queues(lab: Lab):
+    stub = lab.stub()
+    apply(stub, lab)
+    protect(stub, "g1", protection(lab, 42000, dport=9600))
+    skip_without_monitor(stub)
+    promoted, rules, got = congest_until_promoted(lab, stub, 42000, 9600)
     assert promoted is not None, f"never promoted; micro loop: {state(stub).micro_loop}"
     assert promoted.promotions >= 1
     # The datapath rule the guard wrote: the gaming class with the re-mark.
     assert rules and rules[0].class_id == GAMING and rules[0].rewrite_dscp == 46, rules
     assert got and got[-1][1] == 46, "packets after the promotion carry the re-mark"
     assert any(dscp == 0 for _, dscp in got), "packets before it were not re-marked"
+
+
+class LoopbackRelay:
+    """Makes the host's Kafka (on the host's loopback) reachable at the same address from inside
+    the agent's namespace: a listener there, each connection relayed to the host's port."""
+
+    def __init__(self, lab: Lab, port: int) -> None:
+        def listen() -> socket.socket:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen(16)
+            s.settimeout(0.2)
+            return s
+
+        self._listener = in_netns(lab.ns_a, listen)  # a socket keeps its namespace
+        self._port = port
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                inside, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            outside = socket.create_connection(("127.0.0.1", self._port))
+            for a, b in ((inside, outside), (outside, inside)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+
+@pytest.mark.kafka
+def test_the_promotion_is_audited_on_the_actions_topic(lab: Lab, stack_settings):
+    """The guard's move arrives on cgloop.actions.v1 as a node-level action with its result."""
+    host, port = stack_settings.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    assert host in ("127.0.0.1", "localhost"), stack_settings.bootstrap_servers
+    relay = LoopbackRelay(lab, int(port))
+    lab.kill()
+    toml = lab.tmp / "agent.toml"
+    toml.write_text(f'kafka_bootstrap = "{stack_settings.bootstrap_servers}"\n' + toml.read_text())
+    lab.start()
+    stub = lab.stub()
+    apply(stub, lab)
+    protect(stub, "g1", protection(lab, 42500, dport=9650))
+    skip_without_monitor(stub)
+    consumer = BatchConsumer(stack_settings.bootstrap_servers, f"guard-{lab.tag}", [ACTIONS.name])
+    try:
+        promoted, _, _ = congest_until_promoted(lab, stub, 42500, 9650)
+        assert promoted is not None, f"never promoted; micro loop: {state(stub).micro_loop}"
+        actions: dict[str, apb.Action] = {}
+        results: dict[str, apb.ActionResult] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (actions.keys() & results.keys()):
+            item = consumer.poll(1.0)
+            if item is None:
+                continue
+            for ev in item[1].events:
+                if ev.WhichOneof("event") == "action" and ev.action.target.flow.src_port == 42500:
+                    actions[ev.action.id] = ev.action
+                elif ev.WhichOneof("event") == "result":
+                    results[ev.result.action_id] = ev.result
+    finally:
+        consumer.close()
+        lab.kill()
+        relay.close()
+    ids = actions.keys() & results.keys()
+    assert ids, f"no audited promotion: {len(actions)} actions, {len(results)} results"
+    a, r = actions[min(ids)], results[min(ids)]
+    assert a.level == apb.ACTION_LEVEL_NODE
+    assert a.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW
+    node = f"lab-{lab.tag}"
+    assert a.header.source_id == f"{node}/node-agent" and a.target.node_id == node
+    assert a.reprioritise_flow.class_id == GAMING and a.reprioritise_flow.rewrite_dscp == 46
+    assert a.cause.startswith("promoted: class 1:30 queue delay"), a.cause
+    assert r.state == apb.ACTION_STATE_APPLIED and r.applied_ns > 0
+    assert r.previous.WhichOneof("state") == "flow_class"
+    assert not r.previous.flow_class.HasField("class_id"), "no rule before: rollback removes it"
+    print(f"guard: queue tick -> applied {r.detection_to_apply_ns / 1e6:.2f} ms, "
+          f"map write {r.apply_latency_ns / 1e3:.0f} µs")

@@ -1011,6 +1011,11 @@ impl Agent {
         })
     }
 
+    /// Calls `f` for every frequency switch the X-MAN loop decides (the micro-loop audit).
+    pub fn on_frequency_change(&self, f: impl Fn(crate::power_glue::CoreFrequencyChange) + Send + 'static) {
+        self.lock().power.on_frequency_change(f);
+    }
+
     /// The latency guard (its protections and status, for node samples).
     pub fn micro_loop(&self) -> Arc<MicroGuard> {
         self.lock().micro.clone()

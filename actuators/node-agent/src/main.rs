@@ -133,29 +133,38 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
             Duration::from_millis(config.node_sample_interval_ms),
         )
     });
-    // The node micro loop's audit: its actions on the actions topic, when Kafka is set.
-    let audit = if config.kafka_bootstrap.is_empty() {
-        None
-    } else {
-        let sink = KafkaSink::new(&config.kafka_bootstrap, &config.action_topic, &config.node_id)?;
-        let g = &config.guard;
-        let interval = Duration::from_millis(g.audit_interval_ms);
-        // RFC 9957 sanctions join here once the datapath's SanctionSource is wired (None: none).
-        Some(Audit::start(Recorder::new(&config.node_id), Box::new(sink), g.audit_queue, interval, None)?)
+    // The node micro loop's audit (its actions on the actions topic) when Kafka is set.
+    let audit_sink = match config.kafka_bootstrap.as_str() {
+        "" => None,
+        bootstrap => Some(KafkaSink::new(bootstrap, &config.action_topic, &config.node_id)?),
     };
-    if let Some(a) = audit.clone() {
-        power.on_frequency_change(move |c| a.core_frequency(&c));
-    }
+    let (recorder, guard) = (Recorder::new(&config.node_id), config.guard.clone());
     let (agent, warnings) = Agent::start(config, power, probes)?;
     for w in &warnings {
         tracing::warn!("{w}");
     }
     let agent = Arc::new(agent);
-    // The latency guard, on the queue monitor's ticks (none in this build: it says so and
-    // never acts).
+    let audit = match audit_sink {
+        None => None,
+        Some(sink) => {
+            let interval = Duration::from_millis(guard.audit_interval_ms);
+            // RFC 9957 sanctions: the datapath's SanctionSource once it is built (None: none).
+            Some(Audit::start(recorder, Box::new(sink), guard.audit_queue, interval, None)?)
+        }
+    };
+    if let Some(a) = audit.clone() {
+        agent.on_frequency_change(move |c| a.core_frequency(&c));
+    }
+    // The latency guard, on the queue monitor's ticks (none in this build: it never acts and
+    // says why).
     let view = Arc::new(NoQueues("no queue monitor in this build".into()));
     let stop_guard = Arc::new(AtomicBool::new(false));
-    agent.start_guard(view, move |m| if let Some(a) = &audit { a.guard_move(m) }, stop_guard.clone())?;
+    let on_move = move |m: &_| {
+        if let Some(a) = &audit {
+            a.guard_move(m)
+        }
+    };
+    agent.start_guard(view, on_move, stop_guard.clone())?;
     if let Some((bootstrap, topic, node_id, interval)) = samples {
         cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone())?;
     }
