@@ -719,6 +719,10 @@ impl micro::Steering for Inner {
     fn dry_run(&self) -> bool {
         self.config.dry_run
     }
+
+    fn version(&self) -> u64 {
+        self.generation
+    }
 }
 
 /// Lends the locked agent to the guard's thread.

@@ -38,7 +38,7 @@ pub struct Rule {
 }
 
 /// Where the agent's rules steer a flow now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     /// The flow's own rule (desired state); None: the interface's default class.
     pub rule: Option<Rule>,
@@ -55,6 +55,9 @@ impl Placement {
 pub trait Steering {
     /// The flow's placement; None when its interface has no queue hierarchy from the agent.
     fn placement(&self, interface: &str, flow: &FiveTuple) -> Option<Placement>;
+    /// Changes whenever a placement may have (the agent's generation): the guard keeps each
+    /// flow's placement until it does, so a tick costs no lookups.
+    fn version(&self) -> u64;
     /// Writes the flow's datapath rule (None: no rule) without changing the desired state.
     fn set_rule(
         &mut self,
@@ -124,6 +127,8 @@ struct Entry {
     spec: ProtectedFlow,
     /// Its interface's index, resolved when it was protected (ticks are keyed by it).
     ifindex: u32,
+    /// Its placement as of a [`Steering::version`] (None: not looked up, or no hierarchy).
+    placed: Option<(u64, Option<Placement>)>,
     promotion: Option<Promotion>,
 }
 
@@ -255,6 +260,7 @@ impl Guard {
                     Entry {
                         spec,
                         ifindex,
+                        placed: None,
                         promotion: e.promotion.clone(),
                     }
                 }
@@ -263,6 +269,7 @@ impl Guard {
                     Entry {
                         spec,
                         ifindex,
+                        placed: None,
                         promotion: None,
                     }
                 }
@@ -291,6 +298,7 @@ impl Guard {
         let entry = Entry {
             spec,
             ifindex,
+            placed: None,
             promotion: None,
         };
         self.lock().flows.insert(key(p), entry);
@@ -398,15 +406,25 @@ impl Guard {
             st.changes.pop_front();
         }
         let mut notes: Vec<String> = Vec::new();
+        let version = s.version();
         for e in st.flows.values_mut() {
             let slo = e.spec.latency_slo_ns;
             let (ifindex, class, promoted) = match &e.promotion {
                 Some(p) => (p.ifindex, p.from_class, true),
                 None => {
-                    let Some(place) = s.placement(
-                        &e.spec.interface_name,
-                        e.spec.flow.as_ref().unwrap_or(&FiveTuple::default()),
-                    ) else {
+                    let place = match e.placed {
+                        Some((v, place)) if v == version => place,
+                        _ => {
+                            let flow = e.spec.flow.as_ref();
+                            let place = s.placement(
+                                &e.spec.interface_name,
+                                flow.unwrap_or(&FiveTuple::default()),
+                            );
+                            e.placed = Some((version, place));
+                            place
+                        }
+                    };
+                    let Some(place) = place else {
                         notes.push(format!("{} has no queue hierarchy", e.spec.interface_name));
                         continue;
                     };

@@ -18,10 +18,14 @@ struct Fake {
     written: BTreeMap<Vec<u8>, Option<Rule>>,
     no_hierarchy: bool,
     fail: bool,
+    /// Bumped by a test that changes `rules` or `no_hierarchy` between steps.
+    version: u64,
+    lookups: std::cell::Cell<u32>,
 }
 
 impl Steering for Fake {
     fn placement(&self, _interface: &str, flow: &FiveTuple) -> Option<Placement> {
+        self.lookups.set(self.lookups.get() + 1);
         (!self.no_hierarchy).then(|| Placement {
             rule: self.rules.get(&flow.encode_to_vec()).copied(),
             default_class: BE,
@@ -41,6 +45,9 @@ impl Steering for Fake {
     }
     fn dry_run(&self) -> bool {
         false
+    }
+    fn version(&self) -> u64 {
+        self.version
     }
 }
 
@@ -441,6 +448,7 @@ fn failures_and_blind_spots_are_in_the_status() {
         g.status()
     );
     h.0.lock().unwrap().no_hierarchy = true;
+    h.0.lock().unwrap().version += 1;
     assert!(g
         .step(Some(&tick(T0 + 2 * MS, 8 * MS)), "", T0 + 2 * MS, &h)
         .is_empty());
@@ -460,5 +468,38 @@ fn a_disabled_guard_keeps_protections_but_moves_nothing() {
     assert!(
         !s.acting && s.reason.contains("enabled = false") && s.protected_flows == 1,
         "{s:?}"
+    );
+}
+
+#[test]
+fn placements_are_looked_up_again_only_when_the_agent_changed() {
+    let g = guard(GuardSettings::default());
+    let h = hands();
+    let gaming = Rule {
+        class_id: GAMING,
+        rewrite_dscp: None,
+    };
+    h.0.lock()
+        .unwrap()
+        .rules
+        .insert(flow(1).encode_to_vec(), gaming);
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
+    for i in 0..5 {
+        assert!(g
+            .step(Some(&tick(T0 + i * MS, 9 * MS)), "", T0 + i * MS, &h)
+            .is_empty());
+    }
+    assert_eq!(
+        h.0.lock().unwrap().lookups.get(),
+        1,
+        "one lookup for five ticks"
+    );
+    // SetFlowClass removed the flow's rule: the agent's generation moved on.
+    h.0.lock().unwrap().rules.clear();
+    h.0.lock().unwrap().version += 1;
+    assert_eq!(
+        g.step(Some(&tick(T0 + 9 * MS, 9 * MS)), "", T0 + 9 * MS, &h)
+            .len(),
+        1
     );
 }
