@@ -139,7 +139,7 @@ impl Default for GuardSettings {
             hold_ms: 2000,
             max_changes_per_s: 20,
             max_protected_flows: 256,
-            poll_interval_us: 500,
+            poll_interval_us: 1000,
             max_tick_age_us: 5000,
             audit_interval_ms: 100,
             audit_queue: 4096,
