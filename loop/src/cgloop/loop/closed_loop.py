@@ -24,7 +24,13 @@ from cgloop.lab.scenario import Report as LabReport
 from cgloop.lab.scenario import Runner, Scenario
 from cgloop.lab.sessions import GamingSpec, MediaSession
 from cgloop.lab.traffic.stats import Packets
-from cgloop.loop.edge import EdgePlan, agent_channel, configure_agent, wait_for_probe_records
+from cgloop.loop.edge import (
+    EdgePlan,
+    agent_channel,
+    agent_toml,
+    configure_agent,
+    wait_for_probe_records,
+)
 from cgloop.loop.services import (
     REFLECT_PORT,
     ServiceError,
@@ -59,9 +65,11 @@ def write_policies(folder: Path, plan: EdgePlan) -> Path:
 class LoopOptions:
     """How the loop reacts; `window_s` > 0 averages telemetry over windows (the MOSAICO-style
     baseline the benchmark compares against); `enabled=False` runs everything but the policy
-    engine (the no-loop baseline)."""
+    engine and the agent's micro loop (the no-loop baseline); `micro_loop=False` keeps the
+    global loop alone (today's loop: no queue protection, no latency guard on the node)."""
 
     enabled: bool = True
+    micro_loop: bool = True
     latency_slo_ms: float = 20.0
     # how long a breach lasts before it fires: flow-record metrics (throughput, loss, jitter;
     # a record per 100 ms) and latency (probes every 10 ± 5 ms and their overdue notices)
@@ -155,13 +163,10 @@ class ClosedLoop:
             say("bridge from the edge to the broker and the store")
 
         config = self.run_dir / "agent.toml"
-        config.write_text(
-            f'node_id = "{p.node}"\n'
-            f'journal_path = "{self.run_dir / "agent-journal.pb"}"\n'
-            f'kafka_bootstrap = "{self.settings.bootstrap_servers}"\n'
-            "[bounds]\n"
-            f'interfaces = ["{p.bottleneck}"]\n'
-        )
+        config.write_text(agent_toml(
+            p, str(self.run_dir / "agent-journal.pb"), self.settings.bootstrap_servers,
+            micro_loop=o.enabled and o.micro_loop,
+        ))
         agent = self._spawn(p.node, "node-agent", [
             str(agent_binary()), "serve", "--config", str(config),
             "--listen", f"unix:{self.agent_socket}", "--tls-dir", str(self.certs),

@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
                 settings.store_http_url, run_dir,
                 [(t.name, t.report.faults, t.packets) for t in trials],
                 options.latency_slo_ms, closed.policy_source,
-                "loop on" if loop else "no loop",
+                "loop on" if loop else "no loop", node=closed.plan.node,
             )
         except ServiceError as exc:
             err.print(f"[red]error[/red] {exc}")
