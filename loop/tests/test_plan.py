@@ -3,6 +3,7 @@ how a scenario becomes trials, and how recovery is read from the ground truth.""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,15 @@ from cgloop.lab.scenario import load_scenario
 from cgloop.lab.topology import load_topology
 from cgloop.lab.traffic.stats import Packets
 from cgloop.loop.closed_loop import LoopOptions, default_scenario, split_trials, write_policies
-from cgloop.loop.edge import DEFAULT_CLASS, EF_DSCP, GAMING_CLASS, LINK_CLASS, EdgePlan
+from cgloop.loop.edge import (
+    DEFAULT_CLASS,
+    EF_DSCP,
+    GAMING_CLASS,
+    L4S_CLASS,
+    LINK_CLASS,
+    EdgePlan,
+    agent_toml,
+)
 from cgloop.loop.report import recovery
 from cgloop.policy.model import load_policies
 
@@ -36,8 +45,28 @@ def test_queues_add_up_to_the_link(plan: EdgePlan) -> None:
     # guaranteed rates add up to the link: the rate-cap fault scales them together
     assert sum(c.rate_bps for c in children) == link.rate_bps
     gaming = next(c for c in children if c.class_id == GAMING_CLASS)
-    assert gaming.priority < next(c for c in children if c.class_id == DEFAULT_CLASS).priority
+    l4s = next(c for c in children if c.class_id == L4S_CLASS)
+    best_effort = next(c for c in children if c.class_id == DEFAULT_CLASS)
+    # borrowing order: gaming, then L4S (a flood there never takes gaming's share), then BE
+    assert gaming.priority < l4s.priority < best_effort.priority
     assert h.default_class_id == DEFAULT_CLASS
+
+
+def test_agent_config_turns_the_micro_loop_on_and_off(plan: EdgePlan) -> None:
+    on = tomllib.loads(agent_toml(plan, "/j.pb", "127.0.0.1:9092"))
+    assert (on["node_id"], on["bounds"]["interfaces"]) == ("edge", ["cpe"])
+    assert on["queues"]["sample_interval_us"] == 1000
+    qp = on["queue_protection"]
+    assert qp["enabled"] and qp["interfaces"] == ["cpe"]
+    # sanctioned packets leave the L4S class for best effort, where every flow starts
+    assert (qp["ll_class_id"], qp["classic_class_id"]) == (L4S_CLASS, DEFAULT_CLASS)
+    # RFC 9957's defaults
+    assert (qp["critical_qdelay_us"], qp["critical_score_us"], qp["lg_aging"]) == (1000, 4000, 19)
+    assert on["guard"]["enabled"] and 0 < on["guard"]["guard_fraction"] < 1
+    off = tomllib.loads(agent_toml(plan, "/j.pb", "", micro_loop=False))
+    assert not off["queue_protection"]["enabled"] and not off["guard"]["enabled"]
+    # the monitor still samples: the global loop and the dashboards read its queues
+    assert off["queues"] == on["queues"]
 
 
 def test_one_probe_per_client_and_queue(plan: EdgePlan) -> None:
