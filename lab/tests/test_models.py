@@ -119,6 +119,26 @@ def test_gaming_profiles_follow_the_domain_notes():
     assert PROFILES["psn"].up.fps == 100  # client input every 10 ms
 
 
+def test_burst_flood_is_a_classic_unresponsive_flood_and_the_abuser_is_ect1():
+    from cgloop.lab.faults import BurstFlood
+    from cgloop.lab.scenario import Scenario
+    from cgloop.lab.sessions import UdpBurstSpec
+    from cgloop.lab.traffic.profiles import ect1_abuser, unresponsive_udp
+
+    sc = Scenario.model_validate(
+        {"duration": 5, "faults": [{"kind": "burst_flood", "at": 1, "duration": 2}]}
+    )
+    flood = sc.faults[0]
+    assert isinstance(flood, BurstFlood) and (flood.rate_mbit, flood.burst_packets) == (80, 32)
+    spec = unresponsive_udp(flood.rate_mbit, flood.burst_packets)
+    assert spec.tos & 0x3 == 0 and spec.burst  # not ECT: best effort, whole bursts at once
+    # one send event per burst: 80 Mbit/s in 32-packet (1200 B) bursts
+    assert spec.fps == pytest.approx(80e6 / 8 / 1200 / 32)
+    assert ect1_abuser(60).tos & 0x3 == 0x01
+    with pytest.raises(ValueError, match="burst_packets"):
+        UdpBurstSpec(burst_packets=0)
+
+
 def test_scenario_naming_unknown_nodes_is_refused_before_anything_starts():
     from cgloop.lab.scenario import Scenario, check_scenario
 

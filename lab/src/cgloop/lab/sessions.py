@@ -16,7 +16,13 @@ from typing import Annotated, Literal
 
 from cgloop.lab import procs
 from cgloop.lab.lab import Lab
-from cgloop.lab.traffic.profiles import PROFILES, MediaProfile, StreamSpec, ect1_abuser
+from cgloop.lab.traffic.profiles import (
+    PROFILES,
+    MediaProfile,
+    StreamSpec,
+    ect1_abuser,
+    unresponsive_udp,
+)
 from cgloop.lab.traffic.stats import Packets
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,8 +72,21 @@ class Ect1Spec(_Spec):
     port: int = Field(51004, ge=1024, le=65535)
 
 
+class UdpBurstSpec(_Spec):
+    """A classic (not ECT) unresponsive UDP flood in large back-to-back bursts: a queue that
+    builds at once, without TCP's slow start."""
+
+    kind: Literal["udp_burst"] = "udp_burst"
+    src: str = "apps"
+    dst: str = "home"
+    rate_mbit: float = Field(80.0, gt=0, le=1000)
+    burst_packets: int = Field(32, ge=1, le=256)
+    port: int = Field(52004, ge=1024, le=65535)
+
+
 TrafficSpec = Annotated[
-    GamingSpec | VideoCallSpec | WebSpec | BulkSpec | Ect1Spec, Field(discriminator="kind")
+    GamingSpec | VideoCallSpec | WebSpec | BulkSpec | Ect1Spec | UdpBurstSpec,
+    Field(discriminator="kind"),
 ]
 
 
@@ -301,6 +320,11 @@ def make_session(lab: Lab, ident: str, out_dir: Path, spec: TrafficSpec) -> Sess
     if isinstance(spec, Ect1Spec):
         profile = MediaProfile(
             name="ect1", down=ect1_abuser(spec.rate_mbit, spec.burst_packets), up=None
+        )
+        return MediaSession(lab, ident, out_dir, profile, spec.src, spec.dst, spec.port)
+    if isinstance(spec, UdpBurstSpec):
+        profile = MediaProfile(
+            name="udp-burst", down=unresponsive_udp(spec.rate_mbit, spec.burst_packets), up=None
         )
         return MediaSession(lab, ident, out_dir, profile, spec.src, spec.dst, spec.port)
     if isinstance(spec, BulkSpec):

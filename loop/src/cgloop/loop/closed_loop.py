@@ -140,6 +140,7 @@ class ClosedLoop:
         # The probe's pinned maps (bpffs is one per machine, not per namespace: one dir per lab)
         self.pin_dir = Path(f"/sys/fs/bpf/cgloop-{name}")
         self.name = name
+        self.agent_pid: int | None = None
 
     def _spawn(self, node: str, name: str, argv: list[str]):
         if self.lab is not None:
@@ -172,6 +173,7 @@ class ClosedLoop:
             "--listen", f"unix:{self.agent_socket}", "--tls-dir", str(self.certs),
         ])
         s.wait_for(agent, s.log_says(agent, "listening on"), 30)
+        self.agent_pid = agent.proc.pid  # what the benchmark measures the agent's cost on
         for t in p.targets if self.lab is not None else []:
             # On real interfaces the clients run `cgloop-node-agent reflect` themselves. The
             # reflector listens on loopback unless told: here, the client's lab address, the

@@ -159,6 +159,9 @@ def agent_toml(
         "release_fraction = 0.05",
         "hold_ms = 2000",
         "max_changes_per_s = 20",
+        # sanctions are aggregated per flow over this interval: a finer one than the default
+        # 100 ms, so the abuser's time to its first sanction is known within 20 ms
+        "audit_interval_ms = 20",
         "",
     ])
 

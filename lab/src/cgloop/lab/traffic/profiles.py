@@ -70,6 +70,12 @@ def ect1_abuser(rate_mbit: float, burst_packets: int = 4) -> StreamSpec:
 
     It sends `burst_packets` back to back per send event (unpaced micro-bursts, MOSAICO §2.3.2).
     """
+    return unresponsive_udp(rate_mbit, burst_packets, tos=0x01)
+
+
+def unresponsive_udp(rate_mbit: float, burst_packets: int, tos: int = 0) -> StreamSpec:
+    """UDP at `rate_mbit` in bursts of `burst_packets` back to back, deaf to congestion; `tos`
+    0 (not ECT) is a classic flood, 0x01 (ECT(1)) an L4S abuser."""
     payload = 1200
     pps = rate_mbit * 1e6 / 8 / payload
     return StreamSpec(
@@ -78,6 +84,6 @@ def ect1_abuser(rate_mbit: float, burst_packets: int = 4) -> StreamSpec:
         payload_max=payload,
         burst=True,
         size_cv=0.0,
-        tos=0x01,
+        tos=tos,
         payload_type=100,
     )
