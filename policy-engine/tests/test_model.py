@@ -244,7 +244,8 @@ def test_node_only_operations_cannot_be_ordered_and_protections_are_checked() ->
     # What only the node's micro loop records (RFC 9957 sanctions, X-MAN's frequency changes).
     for op in ("queue_protection_sanction", "set_core_frequency"):
         (problem,) = errors(POLICY.format(level="micro", op=op, params="    core: 1"))
-        assert "p.yaml:6: action.operation: Input should be" in problem and "protect_flow" in problem
+        assert "p.yaml:6: action.operation: Input should be" in problem
+        assert "protect_flow" in problem
     text = POLICY.format(
         level="micro",
         op="protect_flow",

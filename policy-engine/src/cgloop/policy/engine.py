@@ -16,6 +16,7 @@ all on the records; `detection_to_apply_ns` is the loop latency up to the networ
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -30,7 +31,8 @@ from cgloop.policy.actuators import Actuator, ActuatorError, Applied
 from cgloop.policy.decide import ID_NAMESPACE, OPERATION, OPERATION_NAME
 from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
 from cgloop.policy.journal import FINAL, Entry, Journal
-from cgloop.policy.model import Mode, Policy
+from cgloop.policy.leases import Leases, Standing
+from cgloop.policy.model import Mode, Operation, Policy
 from cgloop.policy.telemetry import TelemetryReader
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -51,6 +53,9 @@ class EngineStats(decide.DecideStats):
     failed: int = 0
     expired: int = 0
     skipped_known: int = 0
+    # protect_flow decisions not sent: the same protection is fresh on the node (leases)
+    renewals_skipped: int = 0
+    renewals: int = 0
 
 
 @dataclass
@@ -77,6 +82,8 @@ class Engine:
     # one action in flight per target.
     apply_async: bool = False
     max_in_flight: int = 256
+    # A protect_flow is renewed once this fraction of its time to live has passed.
+    renew_after: float = 0.5
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -90,6 +97,7 @@ class Engine:
         self._sequence = 0
         self._to_apply: list[tuple[Entry, int]] = []
         self._pool: ThreadPoolExecutor | None = None
+        self.leases = Leases(self.renew_after)
         self._resume()
 
     # --- records --------------------------------------------------------------------------
@@ -264,6 +272,14 @@ class Engine:
             # bus, were republished when the engine started (Journal.undelivered_events).
             self.stats.skipped_known += 1
             return
+        if refusal is None and p.action.operation is Operation.PROTECT_FLOW:
+            standing = self.leases.standing(tkey, action.protect_flow, now)
+            if standing is Standing.FRESH:
+                self.stats.renewals_skipped += 1
+                return
+            if standing is Standing.RENEWAL:
+                self.stats.renewals += 1
+                proposal = dataclasses.replace(proposal, renewal=True)
         if refusal is None:
             refusal = self.guards.check(proposal, now)
         if refusal is not None:
@@ -316,6 +332,8 @@ class Engine:
             detection_to_apply_ns=max(0, loop),
             previous=applied.previous,
         )
+        if action.operation == apb.ACTION_OPERATION_PROTECT_FLOW and not action.dry_run:
+            self.leases.applied(entry.target_key, action.id, action.protect_flow, self.clock())
         self._schedule(entry)
 
     def _schedule(self, entry: Entry) -> None:
@@ -444,6 +462,7 @@ class Engine:
             verification=apb.Verification(verdict=apb.VERDICT_NOT_CHECKED, detail="rollback"),
         )
         self.stats.rolled_back += 1
+        self.leases.ended(entry.target_key, original.id)
         self._result(
             entry,
             apb.ACTION_STATE_ROLLED_BACK,
@@ -496,6 +515,14 @@ class Engine:
                 )
             if entry.state in FINAL and entry.result is not None:
                 self.guards.finished(entry.target_key, action_id, entry.result.header.timestamp_ns)
+            a = entry.action
+            if (
+                a.operation == apb.ACTION_OPERATION_PROTECT_FLOW
+                and not a.dry_run
+                and entry.state in (apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED)
+                and entry.result is not None
+            ):
+                self.leases.applied(entry.target_key, a.id, a.protect_flow, entry.result.applied_ns)
         # Events journaled but never acknowledged by Kafka before the previous run ended (a
         # crash between the journal's commit and the producer's flush): announced first, in
         # their order, before anything this run adds to the same actions.

@@ -81,8 +81,8 @@ def detection(
     det.evidence.add(name="p99_latency_ns", value=48e6, threshold=30e6, baseline=12e6, unit="ns")
     if subject:
         for k, v in subject.items():
-            if k == "queue":
-                det.queue.CopyFrom(v)  # type: ignore[arg-type]
+            if k in ("queue", "flow", "link"):  # message fields
+                getattr(det, k).CopyFrom(v)
             else:
                 setattr(det, k, v)
     else:

@@ -1,0 +1,153 @@
+"""Protections: the shipped policy protects a classified gaming flow on its node, renews the
+protection while the classifier sees the flow (never letting it lapse, never refused by the
+change guards or the budget), and a protection never holds back the flow's reprioritise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from cgloop.policy import model
+from cgloop.policy.actuators import NodeAgentActuator, Router
+from cgloop.policy.engine import Engine
+from cgloop.policy.guards import Budget
+from cgloop.policy.journal import Journal
+from cgloop.policy.testing import AgentServer, ManualClock, MemoryNodeAgent, detection, flow
+from cgloop.v1 import action_pb2 as apb
+from cgloop.v1 import detection_pb2 as dpb
+from cgloop.v1 import node_agent_pb2 as na
+from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
+
+S = 1_000_000_000
+LABELS = {"node_id": "node-a", "interface": "veth0", "class": "cloud_gaming", "platform": "std"}
+REPRIORITISE = """
+id: gaming
+match: {kinds: [slo_latency], subject: flow}
+action:
+  operation: reprioritise_flow
+  target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
+  parameters: {class_id: 0x10010, rewrite_dscp: 46}
+guards: {hold_time: 10s, cooldown: 5s}
+"""
+
+
+@pytest.fixture
+def agent() -> Iterator[AgentServer]:
+    with AgentServer(MemoryNodeAgent("node-a")) as server:
+        yield server
+
+
+def shipped() -> list[model.Policy]:
+    return [p for p in model.default_policies() if p.id.startswith("gaming-protect-")]
+
+
+def classified(now: int, port: int = 40000, **labels: str) -> dpb.Detection:
+    return detection(
+        now,
+        kind=dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
+        severity=dpb.SEVERITY_INFO,
+        labels={**LABELS, **labels},
+        flow=flow(port=port),
+    )
+
+
+def engine_for(agent: AgentServer, policies, clock, **kw) -> Engine:
+    actuator = Router(NodeAgentActuator({"node-a": agent.address}))
+    return Engine(policies, actuator, journal=Journal(None), clock=clock, **kw)
+
+
+def protections(agent: AgentServer) -> list[na.ProtectedFlow]:
+    with grpc.insecure_channel(agent.address) as ch:
+        stub = NodeAgentServiceStub(ch)
+        return list(stub.GetState(na.GetStateRequest(), timeout=5).state.protected_flows)
+
+
+def results(events, state: int) -> list[apb.ActionResult]:
+    return [
+        e.result for e in events if e.WhichOneof("event") == "result" and e.result.state == state
+    ]
+
+
+def test_a_classified_flow_is_protected_with_its_platforms_slo(agent: AgentServer) -> None:
+    clock = ManualClock()
+    engine = engine_for(agent, shipped(), clock)
+    events = engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+    (action,) = [e.action for e in events if e.WhichOneof("event") == "action"]
+    assert action.policy_id == "gaming-protect-std"
+    assert action.operation == apb.ACTION_OPERATION_PROTECT_FLOW
+    spec = action.protect_flow
+    assert (spec.latency_slo_ns, spec.class_id, spec.ttl_ns) == (60_000_000, 0x10010, 30 * S)
+    (applied,) = results(events, apb.ACTION_STATE_APPLIED)
+    assert applied.previous.WhichOneof("state") == "protections"
+    (p,) = protections(agent)
+    assert (p.interface_name, p.flow, p.latency_slo_ns) == ("veth0", flow(), 60_000_000)
+    assert p.rewrite_dscp == 46
+    assert p.ttl_ns == 30 * S
+
+
+def test_renewed_while_seen_and_never_refused(agent: AgentServer) -> None:
+    """A detection every 0.5 s for 2 minutes, with a global budget of 3 actions a minute: a
+    renewal after every 15 s (half the 30 s ttl), nothing in between, nothing refused, and the
+    protection never lapses between two renewals."""
+    clock = ManualClock()
+    engine = engine_for(agent, shipped(), clock, budget=Budget(limit=3, window_s=60))
+    start = clock()
+    applied_at: list[int] = []
+    for _ in range(240):
+        events = engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+        assert not results(events, apb.ACTION_STATE_REFUSED), events
+        applied_at += [clock()] * len(results(events, apb.ACTION_STATE_APPLIED))
+        clock.advance(0.5)
+    assert len(applied_at) == 8, applied_at  # t = 0, 15, 30 ... 105 s
+    assert engine.stats.renewals == 7 and engine.stats.renewals_skipped == 240 - 8
+    gaps = [b - a for a, b in zip([start, *applied_at], [*applied_at, clock()], strict=True)]
+    assert max(gaps) < 30 * S  # each renewal came before the previous one lapsed
+    # The budget is for changes: another flow's first protection still gets through.
+    events = engine.handle(dpb.DetectionBatch(records=[classified(clock(), port=40001)]))
+    assert results(events, apb.ACTION_STATE_APPLIED)
+
+
+def test_new_terms_are_a_change_and_a_lapsed_protection_is_protected_anew(agent) -> None:
+    clock = ManualClock()
+    engine = engine_for(agent, shipped(), clock)
+    engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+    clock.advance(3)  # past the 2 s hold: another platform's SLO is a change, sent at once
+    events = engine.handle(dpb.DetectionBatch(records=[classified(clock(), platform="gfn")]))
+    (applied,) = results(events, apb.ACTION_STATE_APPLIED)
+    assert applied.previous.protections.flows[0].latency_slo_ns == 60_000_000
+    assert protections(agent)[0].latency_slo_ns == 100_000_000
+    clock.advance(31)  # no detection for longer than the ttl: lapsed, protected anew
+    events = engine.handle(dpb.DetectionBatch(records=[classified(clock(), platform="gfn")]))
+    assert results(events, apb.ACTION_STATE_APPLIED)
+    assert engine.stats.renewals == 0
+
+
+def test_a_protection_never_holds_back_the_flows_reprioritise(agent: AgentServer) -> None:
+    clock = ManualClock()
+    (reprioritise,) = model.parse_policies(REPRIORITISE)
+    engine = engine_for(agent, [*shipped(), reprioritise], clock)
+    engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+    clock.advance(0.5)
+    slo = detection(clock(), labels={"node_id": "node-a", "interface": "veth0"})
+    events = engine.handle(dpb.DetectionBatch(records=[slo]))
+    (applied,) = results(events, apb.ACTION_STATE_APPLIED)  # no cooldown, no in-flight refusal
+    assert applied.previous.WhichOneof("state") == "flow_class"
+
+
+def test_a_lease_survives_a_restart(agent: AgentServer, tmp_path) -> None:
+    clock = ManualClock()
+    path = tmp_path / "journal.jsonl"
+    engine = engine_for(agent, shipped(), clock)
+    engine.journal = Journal(path)
+    engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+    engine.journal.close()
+    clock.advance(1)
+    again = Engine(
+        shipped(), Router(NodeAgentActuator({"node-a": agent.address})), journal=Journal(path),
+        clock=clock,
+    )
+    again.handle(dpb.DetectionBatch(records=[classified(clock())]))
+    assert again.stats.renewals_skipped == 1
+    assert [m for m, _ in agent.agent.calls if m == "ProtectFlows"] == ["ProtectFlows"]
+    again.journal.close()
