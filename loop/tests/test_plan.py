@@ -82,12 +82,19 @@ def test_one_probe_per_client_and_queue(plan: EdgePlan) -> None:
 
 def test_rendered_policies_validate_and_target_the_edge(plan: EdgePlan, tmp_path: Path) -> None:
     policies = load_policies([write_policies(tmp_path, plan)])
-    assert {p.id for p in policies} == {"lab-gaming-latency-reprioritise", "lab-l4s-abuse-demote"}
+    assert {p.id for p in policies} == {
+        "lab-gaming-protect", "lab-gaming-latency-reprioritise", "lab-l4s-abuse-demote",
+    }
     text = (tmp_path / "loop.yaml").read_text()
     assert "{edge_node}" not in text and "{edge_interface}" not in text
     assert 'node_id: "edge"' in text and 'interface_name: "cpe"' in text
     gaming = next(p for p in policies if p.id == "lab-gaming-latency-reprioritise")
     assert gaming.action.operation.value == "reprioritise_flow"
+    # the micro loop's protections: the gaming class and the lab's 20 ms SLO
+    protect = next(p for p in policies if p.id == "lab-gaming-protect")
+    assert protect.action.operation.value == "protect_flow"
+    assert protect.action.parameters["class_id"] == GAMING_CLASS
+    assert protect.action.parameters["latency_slo_ns"] == int(plan.latency_slo_ms * 1e6)
 
 
 def test_each_fault_is_a_trial_with_fresh_gaming_flows() -> None:
