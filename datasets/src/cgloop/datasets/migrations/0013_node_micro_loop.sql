@@ -58,8 +58,8 @@ SELECT
     q.interface_name AS interface_name,
     q.class_id AS class_id,
     -- tc's notation: major:minor in hex without leading zeros, e.g. 65600 -> '1:40'
-    concat(replaceRegexpOne(lower(hex(toUInt16(bitShiftRight(q.class_id, 16)))), '^0{1,3}', ''),
-           ':', replaceRegexpOne(lower(hex(toUInt16(bitAnd(q.class_id, 65535)))), '^0{1,3}', ''))
+    concat(replaceRegexpOne(lower(hex(bitShiftRight(q.class_id, 16))), '^0+(.)', '\\1'), ':',
+           replaceRegexpOne(lower(hex(bitAnd(q.class_id, 65535))), '^0+(.)', '\\1'))
         AS class_handle,
     q.class_name AS class_name,
     q.backlog_bytes AS backlog_bytes,
