@@ -49,20 +49,21 @@ def protected(stub) -> list[na.ProtectedFlow]:
     ("flow_", "code", "words"),
     [
         (pf(latency_slo_ns=99_999), "INVALID_ARGUMENT",
-         "flows[1].latency_slo_ns 99999 is not within 100000..10000000000"),
+         "flows[1].latency_slo_ns 99999 is outside 100000..10000000000 (100 µs..10 s)"),
         (pf(latency_slo_ns=10 * S + 1), "INVALID_ARGUMENT", "latency_slo_ns 10000000001"),
         (pf(ttl_ns=S - 1), "INVALID_ARGUMENT",
-         "flows[1].ttl_ns 999999999 is not within 1000000000..3600000000000 (0 removes"),
-        (pf(ttl_ns=3601 * S), "INVALID_ARGUMENT", "ttl_ns 3601000000000 is not within"),
+         "flows[1].ttl_ns 999999999 is outside 1000000000..3600000000000 (1 s..1 h; 0 removes)"),
+        (pf(ttl_ns=3601 * S), "INVALID_ARGUMENT", "ttl_ns 3601000000000 is outside"),
         (pf(rewrite_dscp=64), "INVALID_ARGUMENT", "flows[1].rewrite_dscp 64 is not within 0..63"),
         (pf(class_id=0x10099), "FAILED_PRECONDITION",
          "flows[1].class_id 1:99 is not a leaf class of the queue hierarchy on veth0"),
         (pf(class_id=0x10001), "FAILED_PRECONDITION", "class_id 1:1 is not a leaf class"),
+        (pf(class_id=0), "INVALID_ARGUMENT", "flows[1].class_id is 0: name the class"),
         (pf(interface_name="lo"), "PERMISSION_DENIED",
          'flows[1].interface_name: interface "lo" is not in the agent\'s [bounds] interfaces'),
         (pf(interface_name=""), "INVALID_ARGUMENT", "flows[1].interface_name is empty"),
         (na.ProtectedFlow(interface_name="veth0", ttl_ns=30 * S), "INVALID_ARGUMENT",
-         "flows[1].flow is missing"),
+         "flows[1].flow is missing: name the 5-tuple to protect"),
     ],
 )
 def test_refusals_name_the_field_and_its_bounds_and_change_nothing(stub, flow_, code, words):
@@ -90,7 +91,7 @@ def test_the_count_is_bounded_and_a_removal_makes_room(stub) -> None:
     with pytest.raises(grpc.RpcError) as exc:
         call(stub, "b", pf(3))
     assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "3 protected flows requested; the bound is 2 ([guard] max_protected_flows)" in (
+    assert "3 protected flows would be in place; [guard] max_protected_flows is 2" in (
         exc.value.details()
     )
     # Removing one (ttl 0, no other field checked) and adding another in one request fits.

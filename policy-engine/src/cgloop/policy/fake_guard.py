@@ -1,14 +1,14 @@
 """The in-memory agent's ProtectFlows (cgloop.policy.fake_agent): the protections the node's
 latency guard keeps, refused as the real agent refuses them (its guard and bounds).
 
-Rules, checked for every flow before anything changes (all or nothing): the interface within
-the agent's `[bounds] interfaces` (PERMISSION_DENIED, empty: INVALID_ARGUMENT; the agent's
-bounds check, in fake_agent), a five-tuple,
-then, unless `ttl_ns` is 0 (which removes the protection), `latency_slo_ns` within 100 µs..10 s,
-`ttl_ns` within 1 s..1 h, `rewrite_dscp` within 0..63 (INVALID_ARGUMENT naming the field and the
-bounds), `class_id` a leaf class of the interface's hierarchy (FAILED_PRECONDITION), and at most
-`[guard] max_protected_flows` protections in place afterwards (RESOURCE_EXHAUSTED). Expired
-protections are dropped before each request is handled, as the guard drops them.
+Rules, checked for every flow before anything changes (all or nothing), worded as the agent's
+bounds.rs `protected_flow` words them: the interface within the agent's `[bounds] interfaces`
+(PERMISSION_DENIED, empty: INVALID_ARGUMENT; fake_agent's bounds check), a five-tuple, then,
+unless `ttl_ns` is 0 (which removes the protection), `latency_slo_ns` within 100 µs..10 s,
+`ttl_ns` within 1 s..1 h, a class, `rewrite_dscp` within 0..63 (INVALID_ARGUMENT naming the
+field and the bounds); the class a leaf of the interface's hierarchy (FAILED_PRECONDITION); at
+most `[guard] max_protected_flows` protections in place afterwards (RESOURCE_EXHAUSTED).
+Expired protections are dropped before each request is handled, as the guard drops them.
 """
 
 from __future__ import annotations
@@ -47,16 +47,17 @@ def check(i: int, p: na.ProtectedFlow, leaf_classes: Callable[[str], set[int]]) 
     at = f"flows[{i}]"
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     if not p.HasField("flow"):
-        return invalid, f"{at}.flow is missing: name the flow's five-tuple"
+        return invalid, f"{at}.flow is missing: name the 5-tuple to protect"
     if p.ttl_ns == 0:
         return None  # a removal: nothing else to check
-    for name, value, (lo, hi) in (
-        ("latency_slo_ns", p.latency_slo_ns, SLO_NS),
-        ("ttl_ns", p.ttl_ns, TTL_NS),
+    for name, value, (lo, hi), words in (
+        ("latency_slo_ns", p.latency_slo_ns, SLO_NS, "100 µs..10 s"),
+        ("ttl_ns", p.ttl_ns, TTL_NS, "1 s..1 h; 0 removes"),
     ):
         if not lo <= value <= hi:
-            zero = " (0 removes the protection)" if name == "ttl_ns" else ""
-            return invalid, f"{at}.{name} {value} is not within {lo}..{hi}{zero}"
+            return invalid, f"{at}.{name} {value} is outside {lo}..{hi} ({words})"
+    if p.class_id == 0:
+        return invalid, f"{at}.class_id is 0: name the class the guard moves the flow to"
     if p.HasField("rewrite_dscp") and p.rewrite_dscp > 63:
         return invalid, f"{at}.rewrite_dscp {p.rewrite_dscp} is not within 0..63"
     if p.class_id not in leaf_classes(p.interface_name):
@@ -107,8 +108,8 @@ def too_many(after: dict[Key, na.ProtectedFlow], max_flows: int) -> Problem | No
         return None
     return (
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"{len(after)} protected flows requested; the bound is {max_flows} "
-        "([guard] max_protected_flows)",
+        f"{len(after)} protected flows would be in place; [guard] max_protected_flows is "
+        f"{max_flows}",
     )
 
 
