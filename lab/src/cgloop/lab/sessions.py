@@ -21,6 +21,7 @@ from cgloop.lab.traffic.profiles import (
     MediaProfile,
     StreamSpec,
     ect1_abuser,
+    l4s_sender,
     unresponsive_udp,
 )
 from cgloop.lab.traffic.stats import Packets
@@ -72,6 +73,17 @@ class Ect1Spec(_Spec):
     port: int = Field(51004, ge=1024, le=65535)
 
 
+class L4sSpec(_Spec):
+    """A responsive L4S sender: paced ECT(1) UDP that halves its rate on CE (its peer echoes
+    the CE marks it receives); the flow RFC 9957 queue protection must leave alone."""
+
+    kind: Literal["l4s"] = "l4s"
+    src: str = "apps"
+    dst: str = "home"
+    rate_mbit: float = Field(5.0, gt=0, le=1000)
+    port: int = Field(53004, ge=1024, le=65535)
+
+
 class UdpBurstSpec(_Spec):
     """A classic (not ECT) unresponsive UDP flood in large back-to-back bursts: a queue that
     builds at once, without TCP's slow start."""
@@ -85,7 +97,7 @@ class UdpBurstSpec(_Spec):
 
 
 TrafficSpec = Annotated[
-    GamingSpec | VideoCallSpec | WebSpec | BulkSpec | Ect1Spec | UdpBurstSpec,
+    GamingSpec | VideoCallSpec | WebSpec | BulkSpec | Ect1Spec | UdpBurstSpec | L4sSpec,
     Field(discriminator="kind"),
 ]
 
@@ -322,6 +334,10 @@ def make_session(lab: Lab, ident: str, out_dir: Path, spec: TrafficSpec) -> Sess
             name="ect1", down=ect1_abuser(spec.rate_mbit, spec.burst_packets), up=None
         )
         return MediaSession(lab, ident, out_dir, profile, spec.src, spec.dst, spec.port)
+    if isinstance(spec, L4sSpec):
+        return MediaSession(
+            lab, ident, out_dir, l4s_sender(spec.rate_mbit), spec.src, spec.dst, spec.port
+        )
     if isinstance(spec, UdpBurstSpec):
         profile = MediaProfile(
             name="udp-burst", down=unresponsive_udp(spec.rate_mbit, spec.burst_packets), up=None
