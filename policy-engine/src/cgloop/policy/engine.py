@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.policy import decide, parameters, verify
+from cgloop.policy import facts as node_facts
 from cgloop.policy.actuators import Actuator, ActuatorError, Applied
 from cgloop.policy.decide import ID_NAMESPACE, OPERATION, OPERATION_NAME
-from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
+from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
 from cgloop.policy.journal import FINAL, Entry, Journal
 from cgloop.policy.leases import Leases, Standing
 from cgloop.policy.model import Mode, Operation, Policy
@@ -84,6 +85,10 @@ class Engine:
     max_in_flight: int = 256
     # A protect_flow is renewed once this fraction of its time to live has passed.
     renew_after: float = 0.5
+    # Node-level actions (cgloop.policy.facts): how long after a node's flow-class change its
+    # effect is read, and the verdicts that roll it back.
+    node_verify_within_s: float = 1.0
+    node_rollback_on: frozenset[int] = frozenset({apb.VERDICT_WORSE})
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -98,6 +103,7 @@ class Engine:
         self._to_apply: list[tuple[Entry, int]] = []
         self._pool: ThreadPoolExecutor | None = None
         self.leases = Leases(self.renew_after)
+        self.facts = node_facts.NodeFacts(verify_within_s=self.node_verify_within_s)
         self._resume()
 
     # --- records --------------------------------------------------------------------------
@@ -191,6 +197,36 @@ class Engine:
         self.tick()
         return self.drain(wait)
 
+    def observe(self, batch: apb.ActionBatch) -> None:
+        """Take in what the nodes did on their own (cgloop.policy.facts): node-level actions
+        and their results from cgloop.actions.v1; everything else on the topic (the engine's
+        own events among them) is ignored. A node's flow-class change is journaled and
+        verified like the engine's own actions; its verification is announced by `drain`."""
+        for ev in batch.events:
+            if ev.WhichOneof("event") == "action":
+                a = ev.action
+                if node_facts.is_node_record(a) and self.journal.get(a.id) is None:
+                    self.facts.action(a)
+                continue
+            action = self.facts.result(ev.result)
+            if action is not None:
+                self._node_applied(action, ev.result)
+
+    def _node_applied(self, node_action: apb.Action, result: apb.ActionResult) -> None:
+        tkey = decide.target_key(Operation.REPRIORITISE_FLOW, node_action.target)
+        self.facts.applied(tkey, node_action)
+        action = apb.Action()
+        action.CopyFrom(node_action)
+        protect_key = decide.target_key(Operation.PROTECT_FLOW, node_action.target)
+        expected = self.facts.expectation(action, self.leases.live(protect_key, self.clock()))
+        if expected is not None:
+            action.expected_effect.CopyFrom(expected)
+        entry = Entry(action, None, tkey)
+        entry.result = apb.ActionResult()
+        entry.result.CopyFrom(result)
+        self.journal.record(entry)
+        self._schedule(entry)
+
     def _collect_applies(self, block: bool = False) -> None:
         """Take in the results of finished asynchronous applies (all of them with block)."""
         if not self._inflight:
@@ -280,6 +316,14 @@ class Engine:
             if standing is Standing.RENEWAL:
                 self.stats.renewals += 1
                 proposal = dataclasses.replace(proposal, renewal=True)
+        if refusal is None and p.action.operation is Operation.REPRIORITISE_FLOW:
+            fact = self.facts.holds(tkey, action.reprioritise_flow)
+            if fact is not None:
+                self.facts.stats.node_refusals += 1
+                refusal = Refusal(
+                    "node",
+                    f"the node's micro loop put the flow there already (action {fact.action_id})",
+                )
         if refusal is None:
             refusal = self.guards.check(proposal, now)
         if refusal is not None:
@@ -334,6 +378,8 @@ class Engine:
         )
         if action.operation == apb.ACTION_OPERATION_PROTECT_FLOW and not action.dry_run:
             self.leases.applied(entry.target_key, action.id, action.protect_flow, self.clock())
+        if action.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW and not action.dry_run:
+            self.facts.overridden(entry.target_key)
         self._schedule(entry)
 
     def _schedule(self, entry: Entry) -> None:
@@ -382,7 +428,11 @@ class Engine:
         expect = policy.action.expect if policy else None
         baseline_ns = int((expect.baseline_window if expect else 2.0) * NS)
         tolerance = expect.worse_tolerance if expect else 0.1
-        rollback_on = verify.rollback_verdicts(policy)
+        rollback_on = (
+            set(self.node_rollback_on)
+            if node_facts.is_node_record(action)
+            else verify.rollback_verdicts(policy)
+        )
         applied = entry.result.applied_ns
         before = self.telemetry.read(
             e.metric, action, applied - baseline_ns, applied, phase="before"
@@ -427,7 +477,8 @@ class Engine:
             id=rb_id,
             reason_detection_ids=list(original.reason_detection_ids),
             policy_id=original.policy_id,
-            level=original.level,
+            # The engine rolls back a node's own action: its decision, applied on the node.
+            level=apb.ACTION_LEVEL_MICRO if node_facts.is_node_record(original) else original.level,
             target=original.target,
             operation=original.operation,
             deadline_ns=now + 5 * NS,
@@ -505,6 +556,7 @@ class Engine:
                 entry.result.header.sequence if entry.result else 0,
             )
             p = self.by_id.get(entry.action.policy_id)
+            self._resume_fact(entry)
             if entry.action.rollback_of_action_id or entry.action.state == apb.ACTION_STATE_REFUSED:
                 continue
             op = OPERATION_NAME.get(entry.action.operation)
@@ -536,6 +588,18 @@ class Engine:
                 self._apply(entry)
             elif entry.state == apb.ACTION_STATE_APPLIED:
                 self._schedule(entry)
+
+
+    def _resume_fact(self, entry: Entry) -> None:
+        """Where the nodes put flows, replayed in decision order: a node's change, or the
+        engine's own later change that overrode it."""
+        a = entry.action
+        if a.operation != apb.ACTION_OPERATION_REPRIORITISE_FLOW or a.dry_run:
+            return
+        if node_facts.is_node_record(a):
+            self.facts.applied(entry.target_key, a)
+        elif entry.state in (apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED):
+            self.facts.overridden(entry.target_key)
 
 
 def events_by_key(events: Iterable[apb.ActionEvent]) -> dict[str, apb.ActionBatch]:

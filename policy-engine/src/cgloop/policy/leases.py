@@ -33,6 +33,7 @@ class Lease:
     terms: bytes
     applied_ns: int
     ttl_ns: int
+    spec: apb.ProtectFlowAction
 
 
 @dataclass
@@ -58,7 +59,16 @@ class Leases:
     def applied(
         self, target_key: str, action_id: str, spec: apb.ProtectFlowAction, at_ns: int
     ) -> None:
-        self.by_target[target_key] = Lease(action_id, self._terms(spec), at_ns, spec.ttl_ns)
+        self.by_target[target_key] = Lease(
+            action_id, self._terms(spec), at_ns, spec.ttl_ns, spec
+        )
+
+    def live(self, target_key: str, now_ns: int) -> apb.ProtectFlowAction | None:
+        """The protection the engine keeps on a target, unless it has lapsed."""
+        lease = self.by_target.get(target_key)
+        if lease is None or now_ns - lease.applied_ns >= lease.ttl_ns:
+            return None
+        return lease.spec
 
     def ended(self, target_key: str, action_id: str) -> None:
         """The action's protection was rolled back: the next detection protects anew."""
