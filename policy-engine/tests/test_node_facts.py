@@ -5,23 +5,27 @@ overridden by a later decision of the engine, and survives a restart."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from cgloop.contracts import SCHEMA_VERSION
 from cgloop.policy import model
 from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
 from cgloop.policy.journal import Journal
 from cgloop.policy.telemetry import Reading
-from cgloop.policy.testing import AgentServer, ManualClock, MemoryNodeAgent, detection, flow
+from cgloop.policy.testing import (
+    AgentServer,
+    ManualClock,
+    MemoryNodeAgent,
+    detection,
+    flow,
+    node_flow_move,
+)
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1 import node_agent_pb2 as na
-from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
 
 MS = 1_000_000
@@ -47,7 +51,6 @@ action:
   target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
   parameters: {latency_slo_ns: 20000000, class_id: 0x10010, rewrite_dscp: 46, ttl_ns: 30000000000}
 """
-_seq = iter(range(1, 1_000_000))
 
 
 class Fixed:
@@ -84,45 +87,13 @@ def node_move(
 ) -> apb.ActionBatch:
     """What the node's latency guard announces when it moves the flow (and, given the agent,
     the rule it writes)."""
-    action_id = str(uuid.uuid4())
+    batch = node_flow_move(class_id, dscp, previous, at_ns)
     if agent is not None:
         rule = na.FlowClassRule(
             interface_name="veth0", flow=flow(), class_id=class_id, rewrite_dscp=dscp
         )
-        req = na.SetFlowClassRequest(action_id=action_id, rule=rule)
+        req = na.SetFlowClassRequest(action_id=batch.events[0].action.id, rule=rule)
         stub(agent).SetFlowClass(req, timeout=5)
-    header = RecordHeader(
-        schema_version=SCHEMA_VERSION, source_id="node-a/node-agent", sequence=next(_seq),
-        timestamp_ns=at_ns,
-    )
-    action = apb.Action(
-        header=header,
-        id=action_id,
-        level=apb.ACTION_LEVEL_NODE,
-        operation=apb.ACTION_OPERATION_REPRIORITISE_FLOW,
-        target=apb.ActionTarget(node_id="node-a", interface_name="veth0", flow=flow()),
-        state=apb.ACTION_STATE_PROPOSED,
-        cause="class 1:30 queue delay 6.1 ms >= guard 5.0 ms",
-    )
-    action.reprioritise_flow.class_id = class_id
-    action.reprioritise_flow.rewrite_dscp = dscp
-    prev = apb.PreviousFlowClass()
-    if previous is not None:
-        prev.class_id = previous
-    result = apb.ActionResult(
-        header=RecordHeader(
-            schema_version=SCHEMA_VERSION, source_id="node-a/node-agent",
-            sequence=next(_seq), timestamp_ns=at_ns,
-        ),
-        action_id=action_id,
-        state=apb.ACTION_STATE_APPLIED,
-        applied_ns=at_ns,
-        apply_latency_ns=40_000,
-        previous=apb.PreviousState(flow_class=prev),
-    )
-    batch = apb.ActionBatch()
-    batch.events.add(action=action)
-    batch.events.add(result=result)
     return batch
 
 
@@ -236,11 +207,13 @@ def test_other_records_are_counted_or_ignored(agent) -> None:
     a.queue_protection_sanction.sanctioned_packets = 12
     failed = node_move(None, GAMING, 46, None, clock())
     failed.events[1].result.state = apb.ACTION_STATE_FAILED
-    for b in (batch, sanction, failed):
+    old = node_move(None, GAMING, 46, None, clock() - 61 * S)  # history, not a standing fact
+    for b in (batch, sanction, failed, old):
         engine.observe(b)
     assert engine.drain() == []
     s = engine.facts.stats
-    assert (s.node_actions, s.node_other, s.node_not_applied, s.node_flow_classes) == (2, 1, 1, 0)
+    counts = (s.node_actions, s.node_other, s.node_not_applied, s.node_stale, s.node_flow_classes)
+    assert counts == (3, 1, 1, 1, 0)
     clock.advance(1)
     events = engine.handle(slo(clock))
     assert not [r for r in of(events, "result") if r.state == apb.ACTION_STATE_REFUSED]

@@ -208,7 +208,7 @@ class Engine:
                 if node_facts.is_node_record(a) and self.journal.get(a.id) is None:
                     self.facts.action(a)
                 continue
-            action = self.facts.result(ev.result)
+            action = self.facts.result(ev.result, self.clock())
             if action is not None:
                 self._node_applied(action, ev.result)
 

@@ -44,6 +44,7 @@ class NodeFactStats:
     node_flow_classes: int = 0
     node_other: int = 0
     node_not_applied: int = 0
+    node_stale: int = 0
     node_refusals: int = 0
 
 
@@ -52,6 +53,9 @@ class NodeFacts:
     # Node actions seen without their result yet (bounded: a result lost on the way).
     max_pending: int = 10_000
     verify_within_s: float = 1.0
+    # Older changes are history (a new consumer group reads the topic from its start): counted,
+    # not taken as standing facts nor verified.
+    max_age_s: float = 60.0
     pending: OrderedDict[str, apb.Action] = field(default_factory=OrderedDict)
     # target key (decide.target_key of reprioritise_flow) -> the class the node put it in
     classes: dict[str, FlowClassFact] = field(default_factory=dict)
@@ -63,14 +67,17 @@ class NodeFacts:
         while len(self.pending) > self.max_pending:
             self.pending.popitem(last=False)
 
-    def result(self, result: apb.ActionResult) -> apb.Action | None:
-        """The node action this result completes, when it applied a flow class; None for a
-        result of an action not seen, not applied, or of another operation (counted)."""
+    def result(self, result: apb.ActionResult, now_ns: int) -> apb.Action | None:
+        """The node action this result completes, when it applied a flow class recently; None
+        for a result of an action not seen, not applied, too old, or of another operation."""
         action = self.pending.pop(result.action_id, None)
         if action is None:
             return None
         if result.state != apb.ACTION_STATE_APPLIED:
             self.stats.node_not_applied += 1
+            return None
+        if now_ns - result.applied_ns > self.max_age_s * NS:
+            self.stats.node_stale += 1
             return None
         if action.operation != apb.ACTION_OPERATION_REPRIORITISE_FLOW:
             self.stats.node_other += 1
