@@ -27,7 +27,7 @@ _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
 # Thread names of the queue monitor's sampler (the agent names its threads; see
 # actuators/node-agent/src/qmon.rs). Any thread whose name matches counts as the sampler.
-SAMPLER_THREADS = re.compile(r"qmon|sampler|queue", re.IGNORECASE)
+SAMPLER_THREADS = re.compile(r"queue-mon|qmon|sampler", re.IGNORECASE)
 # The agent's BPF programs the micro loop adds or runs in: the classifier (queue protection,
 # the ECN rule, CE marking) and the monitor's tracepoint programs.
 MICRO_LOOP_PROGRAMS = re.compile(r"classify|qmon|qdisc|enq|deq", re.IGNORECASE)
