@@ -12,6 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cgloop.dashboards.clickhouse import Query, datasource_ref
+from cgloop.dashboards.micro_loop import (
+    LEVEL,
+    actions_per_level,
+    level_name,
+    level_summary,
+    node_actions,
+    queue_panels,
+)
 from cgloop.dashboards.panels import (
     OPTIONAL_PANELS,
     Layout,
@@ -170,15 +178,16 @@ def noc_overview() -> db.Dashboard:
         lay.place(
             table_panel(
                 "Loop actions",
-                "SELECT decided_at AS time, operation, target_node_id AS node, final_state,"
-                " verdict, detection_to_apply_ns / 1e6 AS detection_to_apply_ms, message"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
+                f"SELECT decided_at AS time, {LEVEL} AS level, operation, target_node_id AS node,"
+                " final_state, verdict, detection_to_apply_ns / 1e6 AS detection_to_apply_ms,"
+                " message, cause FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
                 " ORDER BY decided_at DESC LIMIT 100",
             ),
             12,
             8,
         )
     )
+    d.with_panel(lay.place(actions_per_level("Actions per level and operation"), 24, 8))
     return d
 
 
@@ -318,7 +327,8 @@ def loop_audit() -> db.Dashboard:
         "SELECT a.id AS action_id, a.operation AS operation, a.policy_id AS policy,"
         " min(d.window_end) AS detected_at, any(a.time) AS decided_at,"
         " any(r.applied) AS applied_at, any(r.verified) AS verified_at,"
-        " any(r.state) AS state, any(r.verdict) AS verdict"
+        " any(r.state) AS state, any(r.verdict) AS verdict,"
+        f" any({level_name('a.level')}) AS level"
         " FROM (SELECT * FROM cgloop.actions FINAL WHERE $__timeFilter(time)"
         " ORDER BY time LIMIT 1 BY id) AS a"
         " ARRAY JOIN a.reason_detection_ids AS detection_id"
@@ -380,7 +390,7 @@ def loop_audit() -> db.Dashboard:
         lay.place(
             table_panel(
                 "Loop latency per action: detection, decision, applied, verified",
-                "SELECT decided_at AS time, operation, policy, state, verdict,"
+                "SELECT decided_at AS time, level, operation, policy, state, verdict,"
                 " " + ms_between("decided_at", "detected_at") + " AS detection_to_decision_ms,"
                 " " + ms_between("applied_at", "decided_at") + " AS decision_to_applied_ms,"
                 " " + ms_between("verified_at", "applied_at") + " AS applied_to_verified_ms,"
@@ -443,21 +453,25 @@ def loop_audit() -> db.Dashboard:
         lay.place(
             table_panel(
                 "Actions and their reasons",
-                "SELECT la.decided_at AS time, la.operation AS operation,"
+                "SELECT la.decided_at AS time,"
+                f" {level_name('la.level')} AS level, la.operation AS operation,"
                 " la.final_state AS state, la.dry_run AS dry_run,"
-                " arrayStringConcat(groupArray(d.kind), ', ') AS reasons,"
-                " any(la.message) AS message"
+                " arrayStringConcat(arrayFilter(k -> k != '', groupArray(d.kind)), ', ')"
+                " AS reasons, any(la.cause) AS cause, any(la.message) AS message"
                 " FROM cgloop.loop_actions AS la"
-                " ARRAY JOIN la.reason_detection_ids AS detection_id"
+                # LEFT: a node-level action cites no detection; its cause says why
+                " LEFT ARRAY JOIN la.reason_detection_ids AS detection_id"
                 " LEFT JOIN (SELECT id, kind FROM cgloop.detections FINAL) AS d"
                 " ON d.id = detection_id WHERE $__timeFilter(la.decided_at)"
-                " GROUP BY la.action_id, la.decided_at, la.operation, la.final_state, la.dry_run"
-                " ORDER BY time DESC",
+                " GROUP BY la.action_id, la.decided_at, la.level, la.operation, la.final_state,"
+                " la.dry_run ORDER BY time DESC",
             ),
             12,
             8,
         )
     )
+    d.with_panel(lay.place(level_summary(), 12, 8))
+    d.with_panel(lay.place(node_actions(), 12, 8, optional=True))
     return d
 
 
@@ -600,6 +614,7 @@ def nodes() -> db.Dashboard:
             8,
         )
     )
+    queue_panels(d, lay, node_filter)
     return d
 
 
