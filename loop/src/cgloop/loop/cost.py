@@ -5,8 +5,9 @@ protection inside it, and the queue monitor's qdisc tracepoint programs).
 Threads are read from `/proc/<pid>/task/*/stat` (user + system ticks). BPF run time is counted
 by the kernel only while statistics are enabled: `BPF_ENABLE_STATS` returns a file descriptor
 that keeps them on while it is open (reference counted, so other users' `kernel.bpf_stats_enabled`
-is left as it was), and `bpftool prog show` reads each program's `run_time_ns`/`run_cnt` and the
-processes holding it (the agent's pid picks its own programs out of every lab's).
+is left as it was), and `bpftool prog show` reads each program's `run_time_ns`/`run_cnt`; the
+agent's own programs (out of every lab's) are those its descriptors and links name in
+`/proc/<pid>/fdinfo`.
 """
 
 from __future__ import annotations
@@ -74,9 +75,25 @@ def thread_ticks(pid: int) -> dict[str, int]:
     return out
 
 
+def held_programs(pid: int) -> set[int]:
+    """Ids of the BPF programs `pid` holds: its program descriptors and the programs of its
+    links (`prog_id:` in /proc/<pid>/fdinfo/*)."""
+    ids: set[int] = set()
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            text = info.read_text()
+        except OSError:
+            continue  # closed meanwhile
+        for line in text.splitlines():
+            if line.startswith("prog_id:"):
+                ids.add(int(line.split()[1]))
+    return ids
+
+
 def program_stats(pid: int) -> dict[str, tuple[int, int]] | None:
-    """(run_cnt, run_time_ns) per BPF program held by `pid`; None without bpftool."""
+    """(run_cnt, run_time_ns) per name of the BPF programs `pid` holds; None without bpftool."""
     try:
+        held = held_programs(pid)
         text = subprocess.run(
             ["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True,
             timeout=10,
@@ -86,7 +103,7 @@ def program_stats(pid: int) -> dict[str, tuple[int, int]] | None:
         return None
     out: dict[str, tuple[int, int]] = {}
     for p in progs:
-        if not any(h.get("pid") == pid for h in p.get("pids", [])):
+        if p.get("id") not in held:
             continue
         name = p.get("name", f"id{p.get('id')}")
         runs, ns = out.get(name, (0, 0))
