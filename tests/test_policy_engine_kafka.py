@@ -22,7 +22,14 @@ from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
 from cgloop.policy.journal import FINAL, Journal
 from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
-from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, probes
+from cgloop.policy.testing import (
+    AgentServer,
+    MemoryNodeAgent,
+    detection,
+    flow,
+    node_flow_move,
+    probes,
+)
 from cgloop.testing import kafka_answer
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -628,3 +635,55 @@ def test_kill_9_of_cgloop_policy_run_loses_no_journaled_result(
     }
     assert len(journaled) == 5
     assert on_bus == journaled  # exactly as the journal says
+
+
+def test_a_nodes_own_change_is_a_fact_the_engine_verifies_and_does_not_repeat(
+    stack_settings, tmp_path: Path
+) -> None:
+    """The node's latency guard promoted the flow and said so on the actions topic: the engine
+    (reading that topic beside the detections) verifies the promotion and, on the SLO breach
+    that follows, does not order the same move again."""
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    client = "10.77.0.12"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    producer = BatchProducer(bootstrap)
+    stop = threading.Event()
+    with AgentServer(MemoryNodeAgent("node-a")) as agent:
+        engine = Engine(
+            [_policy(run)],
+            Router(NodeAgentActuator({"node-a": agent.address})),
+            journal=Journal(tmp_path / "journal.jsonl"),
+            source_id=f"policy-engine-{run}",
+            apply_async=True,
+        )
+        worker = threading.Thread(
+            target=service.run, args=(engine, bootstrap, stop, f"policy-{run}"), daemon=True
+        )
+        worker.start()
+        try:
+            move = node_flow_move(0x10010, 46, None, time.time_ns(), ft=flow(client))
+            node_action = move.events[0].action
+            producer.send(ACTIONS.name, move, key=node_action.id)
+            producer.flush()
+            _wait(lambda: engine.facts.stats.node_flow_classes == 1, 60, "the node's fact", engine)
+            det = detection(time.time_ns(), client=client, labels=labels)
+            producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=run)
+            producer.flush()
+            _wait(lambda: engine.stats.refused == 1, 60, "the engine's decision", engine)
+        finally:
+            stop.set()
+            worker.join(30)
+        assert not worker.is_alive()
+        assert agent.agent.changes == 0  # the engine sent the agent nothing
+
+    def done(events: list[apb.ActionEvent]) -> bool:
+        return len([e for e in events if e.HasField("result")]) >= 2
+
+    seen = _events_of(bootstrap, f"policy-engine-{run}", done)
+    results = {e.result.action_id: e.result for e in seen if e.HasField("result")}
+    verified = results[node_action.id]  # the engine's verification of the node's action
+    assert verified.state == apb.ACTION_STATE_VERIFIED, verified
+    assert verified.applied_ns == move.events[1].result.applied_ns
+    (refused,) = [r for r in results.values() if r.state == apb.ACTION_STATE_REFUSED]
+    assert f"(action {node_action.id})" in refused.message
