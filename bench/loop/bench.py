@@ -137,8 +137,9 @@ def summarise(faults: list[FaultOutcome], fault_s: float) -> dict:
     }
 
 
-def run_mode(mode: str, options: LoopOptions, sc: Scenario, settings, out: Path, fault_s: float):
-    options.lead_s, options.tail_s = 4.0, 2.0
+def run_mode(mode: str, options: LoopOptions, sc: Scenario, settings, out: Path, args) -> dict:
+    fault_s = args.fault_s
+    options.lead_s, options.tail_s = args.lead_s, args.tail_s
     lab = Lab(load_topology(name=f"cglb-{os.getpid()}"), state_dir=out / "lab")
     run_dir = out / mode.replace(" ", "-")
     closed = ClosedLoop(lab, sc, settings, run_dir, options)
@@ -239,14 +240,18 @@ def main() -> int:
     ap.add_argument("--faults", type=int, default=30, help="faults per mode (>= 30 for the issue)")
     ap.add_argument("--fault-s", type=float, default=4.0, help="duration of each fault")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    ap.add_argument("--lead-s", type=float, default=4.0,
+                    help="normal traffic before each fault (the gaming flow is classified and "
+                         "protected in it)")
+    ap.add_argument("--tail-s", type=float, default=2.0, help="after each fault")
     ap.add_argument("--out", type=Path, default=None, help="results folder")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",")]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"--modes: unknown {unknown}; known: {list(MODES)}")
-    if args.faults < 1 or args.fault_s <= 0:
-        ap.error("--faults must be >= 1 and --fault-s > 0")
+    if args.faults < 1 or args.fault_s <= 0 or args.lead_s < 1 or args.tail_s < 0:
+        ap.error("--faults must be >= 1, --fault-s > 0, --lead-s >= 1, --tail-s >= 0")
     if os.geteuid() != 0:
         print("bench/loop needs root (namespaces, XDP, tc)")
         return 2
@@ -259,7 +264,7 @@ def main() -> int:
         assert stack.up().healthy
         sc = scenario(args.faults, args.fault_s)
         for mode in modes:
-            results[mode] = run_mode(mode, MODES[mode], sc, settings, out, args.fault_s)
+            results[mode] = run_mode(mode, MODES[mode], sc, settings, out, args)
             print(f"[{mode}] {json.dumps(results[mode])}", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=1))
     finally:
