@@ -19,7 +19,7 @@ from cgloop.dashboards.check import TimeRange, Variable, expand_macros, interpol
 from cgloop.datasets.records import KINDS
 from cgloop.datasets.sink.writer import StoreWriter
 from cgloop.datasets.store.migrations import migrate
-from cgloop.v1 import common_pb2, node_pb2
+from cgloop.v1 import action_pb2, common_pb2, node_pb2
 
 client = clickhouse_connect.get_client(dsn=f"chdb://{sys.argv[1]}")
 migrate(client)
@@ -44,7 +44,17 @@ for i, (drops, p99_us, acting, reason) in enumerate(
         protected_flows=1))
 w = StoreWriter(client, columnar=False)
 w.insert(KINDS[NODES.name], [batch.SerializeToString()], "nodes")
-w.insert(KINDS[ACTIONS.name], [sample_action_batch().SerializeToString()], "actions")
+actions = sample_action_batch()
+# The agent's result of its sanction: applied 150 us after it decided.
+sanction = next(e.action for e in actions.events if e.action.id.endswith("41"))
+result = actions.events.add().result
+result.header.CopyFrom(sanction.header)
+result.header.sequence += 100
+result.action_id = sanction.id
+result.state = action_pb2.ACTION_STATE_APPLIED
+result.applied_ns = sanction.header.timestamp_ns + 150_000
+result.apply_latency_ns = 150_000
+w.insert(KINDS[ACTIONS.name], [actions.SerializeToString()], "actions")
 
 # The whole range in one 10 s bucket (max data points 1: the interval is the range).
 rng = TimeRange(T0 - 3 * 10**9, T0 + 7 * 10**9)
@@ -122,3 +132,8 @@ def test_queue_and_level_panels_on_crafted_samples(tmp_path) -> None:
     assert set(node) == {"queue_protection_sanction", "protect_flow", "set_core_frequency"}
     assert node["queue_protection_sanction"]["cause"].startswith("class 1:40 queue delay")
     assert json.loads(node["queue_protection_sanction"]["parameters"])["from_class_id"] == 0x10040
+    assert node["queue_protection_sanction"]["state"] == "ACTION_STATE_APPLIED"
+    assert float(node["queue_protection_sanction"]["apply_latency_ms"]) == 0.15
+    summary = {(r["level"], r["operation"]): r for r in out["Actions by level and operation"]}
+    sanctions = summary[("node", "queue_protection_sanction")]
+    assert int(sanctions["applied"]) == 1 and float(sanctions["apply_latency_p99_ms"]) == 0.15

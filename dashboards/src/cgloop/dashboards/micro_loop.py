@@ -179,10 +179,15 @@ def node_actions() -> table.Panel:
         " concat(IPv6NumToString(a.target_flow_src_addr), ':', toString(a.target_flow_src_port),"
         " ' > ', IPv6NumToString(a.target_flow_dst_addr), ':',"
         " toString(a.target_flow_dst_port))) AS flow,"
-        " la.final_state AS state, round(la.apply_latency_ns / 1e6, 3) AS apply_latency_ms,"
+        " r.state AS state, round(r.apply_latency_ns / 1e6, 3) AS apply_latency_ms,"
         " a.spec AS parameters"
         " FROM (SELECT * FROM cgloop.actions FINAL WHERE $__timeFilter(time)"
         " AND level = 'ACTION_LEVEL_NODE' ORDER BY time LIMIT 1 BY id) AS a"
-        " LEFT JOIN (SELECT action_id, final_state, apply_latency_ns FROM cgloop.loop_actions)"
-        " AS la ON la.action_id = a.id ORDER BY a.time DESC LIMIT 200",
+        # The agent records the result right after the action: the range bounds both, so the
+        # store reads only the range's parts (loop_actions would read every action ever kept;
+        # at one sanction record per flow per audit interval there are many).
+        " LEFT JOIN (SELECT action_id, argMax(state, time) AS state,"
+        " max(apply_latency_ns) AS apply_latency_ns FROM cgloop.action_results FINAL"
+        " WHERE $__timeFilter(time) GROUP BY action_id) AS r ON r.action_id = a.id"
+        " ORDER BY a.time DESC LIMIT 200",
     )
