@@ -151,3 +151,35 @@ def test_a_lease_survives_a_restart(agent: AgentServer, tmp_path) -> None:
     assert again.stats.renewals_skipped == 1
     assert [m for m, _ in agent.agent.calls if m == "ProtectFlows"] == ["ProtectFlows"]
     again.journal.close()
+
+
+def test_a_failed_protection_is_retried_after_a_pause_not_on_every_detection() -> None:
+    agent = MemoryNodeAgent("node-a", hierarchies=())  # no queues: the agent refuses
+    with AgentServer(agent) as server:
+        clock = ManualClock()
+        engine = engine_for(server, shipped(), clock)
+        states = []
+        for _ in range(12):  # 6 s of detections, every 0.5 s
+            events = engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+            states += [e.result.state for e in events if e.WhichOneof("event") == "result"]
+            clock.advance(0.5)
+        # One attempt at 0 s, the next at 5 s (retry_after_s), nothing refused in between.
+        assert states == [apb.ACTION_STATE_FAILED, apb.ACTION_STATE_FAILED]
+        assert engine.stats.protect_backoff == 10
+        assert [m for m, _ in agent.calls] == ["ProtectFlows", "ProtectFlows"]
+
+
+def test_lapsed_leases_are_swept() -> None:
+    from cgloop.policy.leases import Leases
+
+    leases = Leases(sweep_every=2)
+    spec = apb.ProtectFlowAction(latency_slo_ns=20_000_000, class_id=0x10010, ttl_ns=30 * S)
+    leases.applied("a", "x", spec, 0)
+    leases.failed("b", 0)
+    leases.standing("c", spec, 10 * S)
+    assert set(leases.by_target) == {"a"} and set(leases.failed_at) == {"b"}
+    leases.standing("c", spec, 10 * S)  # second call: swept at 10 s, the failure has aged
+    assert set(leases.by_target) == {"a"} and leases.failed_at == {}
+    leases.standing("c", spec, 31 * S)
+    leases.standing("c", spec, 31 * S)
+    assert leases.by_target == {}

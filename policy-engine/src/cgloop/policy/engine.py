@@ -57,6 +57,8 @@ class EngineStats(decide.DecideStats):
     # protect_flow decisions not sent: the same protection is fresh on the node (leases)
     renewals_skipped: int = 0
     renewals: int = 0
+    # protect_flow decisions not sent: the last attempt failed less than retry_after_s ago
+    protect_backoff: int = 0
 
 
 @dataclass
@@ -246,10 +248,16 @@ class Engine:
         try:
             applied = fut.result()
         except ActuatorError as exc:
-            self.stats.failed += 1
-            self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+            self._failed(entry, exc)
             return
         self._applied(entry, applied, end)
+
+    def _failed(self, entry: Entry, exc: ActuatorError) -> None:
+        self.stats.failed += 1
+        a = entry.action
+        if a.operation == apb.ACTION_OPERATION_PROTECT_FLOW:
+            self.leases.failed(entry.target_key, self.clock())
+        self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
 
     def finish_applies(self) -> None:
         """Wait for every asynchronous apply and record its result."""
@@ -313,6 +321,9 @@ class Engine:
             if standing is Standing.FRESH:
                 self.stats.renewals_skipped += 1
                 return
+            if standing is Standing.BACKOFF:
+                self.stats.protect_backoff += 1
+                return
             if standing is Standing.RENEWAL:
                 self.stats.renewals += 1
                 proposal = dataclasses.replace(proposal, renewal=True)
@@ -355,8 +366,7 @@ class Engine:
         try:
             applied = self.actuator.apply(entry.action)
         except ActuatorError as exc:
-            self.stats.failed += 1
-            self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+            self._failed(entry, exc)
             return
         self._applied(entry, applied, detection_end_ns)
 

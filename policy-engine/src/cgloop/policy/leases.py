@@ -10,7 +10,10 @@ would refuse renewals and let the protection lapse. So, per target (node, interf
   (no action, no record);
 - `renewal`: the same terms, past `renew_after` but not expired: an action that only extends
   the lease; the change guards and the budget do not count it (guards.Proposal.renewal);
-- `new`: no lease, another SLO/class/DSCP/ttl, or lapsed: a change, guarded like any other.
+- `new`: no lease, another SLO/class/DSCP/ttl, or lapsed: a change, guarded like any other;
+- `backoff`: the last attempt on the target failed (the agent refused or was not reached)
+  less than `retry_after_s` ago: dropped like a fresh one, so an agent that cannot protect
+  the flow gets one attempt (one FAILED record) per interval, not one per detection.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from cgloop.v1 import action_pb2 as apb
 
 class Standing(StrEnum):
     FRESH = "fresh"
+    BACKOFF = "backoff"
     RENEWAL = "renewal"
     NEW = "new"
 
@@ -41,13 +45,34 @@ class Leases:
     # Renew once this fraction of the time to live has passed (0.5: two chances before it
     # lapses, at the classifier's pace).
     renew_after: float = 0.5
+    retry_after_s: float = 5.0
     by_target: dict[str, Lease] = field(default_factory=dict)
+    failed_at: dict[str, int] = field(default_factory=dict)
+    # Lapsed leases and old failures are swept every this many calls (flows end; the tables
+    # must not keep every flow ever seen).
+    sweep_every: int = 4096
+    _calls: int = 0
 
     @staticmethod
     def _terms(spec: apb.ProtectFlowAction) -> bytes:
         return spec.SerializeToString(deterministic=True)
 
+    def sweep(self, now_ns: int) -> None:
+        self.by_target = {
+            k: v for k, v in self.by_target.items() if now_ns - v.applied_ns < v.ttl_ns
+        }
+        retry_ns = self.retry_after_s * 1e9
+        self.failed_at = {k: t for k, t in self.failed_at.items() if now_ns - t < retry_ns}
+
     def standing(self, target_key: str, spec: apb.ProtectFlowAction, now_ns: int) -> Standing:
+        self._calls += 1
+        if self._calls % self.sweep_every == 0:
+            self.sweep(now_ns)
+        failed = self.failed_at.get(target_key)
+        if failed is not None:
+            if now_ns - failed < self.retry_after_s * 1e9:
+                return Standing.BACKOFF
+            del self.failed_at[target_key]
         lease = self.by_target.get(target_key)
         if lease is None or lease.terms != self._terms(spec):
             return Standing.NEW
@@ -56,9 +81,13 @@ class Leases:
             return Standing.NEW  # lapsed on the node
         return Standing.FRESH if age < self.renew_after * lease.ttl_ns else Standing.RENEWAL
 
+    def failed(self, target_key: str, at_ns: int) -> None:
+        self.failed_at[target_key] = at_ns
+
     def applied(
         self, target_key: str, action_id: str, spec: apb.ProtectFlowAction, at_ns: int
     ) -> None:
+        self.failed_at.pop(target_key, None)
         self.by_target[target_key] = Lease(
             action_id, self._terms(spec), at_ns, spec.ttl_ns, spec
         )
