@@ -57,8 +57,10 @@ class NodeFacts:
     # not taken as standing facts nor verified.
     max_age_s: float = 60.0
     pending: OrderedDict[str, apb.Action] = field(default_factory=OrderedDict)
-    # target key (decide.target_key of reprioritise_flow) -> the class the node put it in
-    classes: dict[str, FlowClassFact] = field(default_factory=dict)
+    # target key (decide.target_key of reprioritise_flow) -> the class the node put it in;
+    # the oldest dropped beyond max_classes (flows end while promoted)
+    classes: OrderedDict[str, FlowClassFact] = field(default_factory=OrderedDict)
+    max_classes: int = 100_000
     stats: NodeFactStats = field(default_factory=NodeFactStats)
 
     def action(self, action: apb.Action) -> None:
@@ -88,7 +90,10 @@ class NodeFacts:
     def applied(self, target_key: str, action: apb.Action) -> None:
         s = action.reprioritise_flow
         dscp = s.rewrite_dscp if s.HasField("rewrite_dscp") else None
+        self.classes.pop(target_key, None)
         self.classes[target_key] = FlowClassFact(action.id, s.class_id, dscp)
+        while len(self.classes) > self.max_classes:
+            self.classes.popitem(last=False)
 
     def overridden(self, target_key: str) -> None:
         """The engine changed the flow itself: its decision wins over the node's."""
