@@ -56,8 +56,9 @@ def protected(stub) -> list[na.ProtectedFlow]:
         (pf(ttl_ns=3601 * S), "INVALID_ARGUMENT", "ttl_ns 3601000000000 is outside"),
         (pf(rewrite_dscp=64), "INVALID_ARGUMENT", "flows[1].rewrite_dscp 64 is not within 0..63"),
         (pf(class_id=0x10099), "FAILED_PRECONDITION",
-         "flows[1].class_id 1:99 is not a leaf class of the queue hierarchy on veth0"),
-        (pf(class_id=0x10001), "FAILED_PRECONDITION", "class_id 1:1 is not a leaf class"),
+         "flows[1].class_id 1:99: the class does not exist in veth0's hierarchy; name a leaf"),
+        (pf(class_id=0x10001), "FAILED_PRECONDITION",
+         "flows[1].class_id 1:1: the class has children in veth0's hierarchy"),
         (pf(class_id=0), "INVALID_ARGUMENT", "flows[1].class_id is 0: name the class"),
         (pf(interface_name="lo"), "PERMISSION_DENIED",
          'flows[1].interface_name: interface "lo" is not in the agent\'s [bounds] interfaces'),
@@ -72,6 +73,13 @@ def test_refusals_name_the_field_and_its_bounds_and_change_nothing(stub, flow_, 
     assert exc.value.code().name == code
     assert words in exc.value.details(), exc.value.details()
     assert protected(stub) == []  # all or nothing: flows[0] was fine
+
+
+def test_an_empty_request_is_refused(stub) -> None:
+    with pytest.raises(grpc.RpcError) as exc:
+        call(stub, "a")
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "flows is empty: name a flow to protect" in exc.value.details()
 
 
 def test_no_hierarchy_on_the_interface_is_a_failed_precondition() -> None:
@@ -107,7 +115,8 @@ def test_upsert_renewal_replay_and_dry_run(stub) -> None:
     assert applied.expires_ns >= first.outcome.applied_ns + 30 * S - S
     # The same terms again: a renewal (later expiry, nothing changed in the datapath).
     renewal = call(stub, "b", pf())
-    assert not renewal.outcome.changed and "renewed 1" in renewal.outcome.message
+    assert not renewal.outcome.changed
+    assert renewal.outcome.message == "latency guard: 1 flow(s) protected, 0 released"
     assert renewal.applied[0].expires_ns > applied.expires_ns
     assert renewal.previous[0].latency_slo_ns == 20_000_000
     # The same action id again is a replay, whatever it carries.

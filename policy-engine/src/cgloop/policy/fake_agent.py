@@ -336,6 +336,11 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
             )
         return h
 
+    def _classes(self, interface: str) -> tuple[set[int], set[int]]:
+        """The leaf classes and all classes of the interface's tree (refused without one)."""
+        h = self._tree(interface)
+        return leaves(h), {c.class_id for c in h.classes}
+
     def ApplyQueueHierarchy(self, request, context):
         def build(start: int) -> na.ApplyQueueHierarchyResponse:
             h = request.hierarchy
@@ -522,9 +527,14 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
 
     def ProtectFlows(self, request, context):
         def build(start: int) -> na.ProtectFlowsResponse:
+            if not request.flows:
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "flows is empty: name a flow to protect (or to release with ttl_ns 0)",
+                )
             for i, p in enumerate(request.flows):
                 self.bounds.interface(f"flows[{i}].interface_name", p.interface_name)
-                problem = fake_guard.check(i, p, lambda iface: leaves(self._tree(iface)))
+                problem = fake_guard.check(i, p, self._classes)
                 if problem is not None:
                     raise Refused(*problem)
             now = time.time_ns()

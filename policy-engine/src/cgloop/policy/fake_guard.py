@@ -6,7 +6,8 @@ bounds.rs `protected_flow` words them: the interface within the agent's `[bounds
 (PERMISSION_DENIED, empty: INVALID_ARGUMENT; fake_agent's bounds check), a five-tuple, then,
 unless `ttl_ns` is 0 (which removes the protection), `latency_slo_ns` within 100 µs..10 s,
 `ttl_ns` within 1 s..1 h, a class, `rewrite_dscp` within 0..63 (INVALID_ARGUMENT naming the
-field and the bounds); the class a leaf of the interface's hierarchy (FAILED_PRECONDITION); at
+field and the bounds); the class a leaf of the interface's hierarchy (FAILED_PRECONDITION, as
+the agent's agent.rs `protect_flows` words it); at
 most `[guard] max_protected_flows` protections in place afterwards (RESOURCE_EXHAUSTED).
 Expired protections are dropped before each request is handled, as the guard drops them.
 """
@@ -40,10 +41,12 @@ def expire(protections: dict[Key, na.ProtectedFlow], now_ns: int) -> None:
         del protections[k]
 
 
-def check(i: int, p: na.ProtectedFlow, leaf_classes: Callable[[str], set[int]]) -> Problem | None:
+def check(
+    i: int, p: na.ProtectedFlow, leaf_classes: Callable[[str], tuple[set[int], set[int]]]
+) -> Problem | None:
     """What the agent refuses of one requested protection beyond its interface bound (the
-    caller checks that first); `leaf_classes(interface)` refuses an interface without a
-    hierarchy itself."""
+    caller checks that first); `leaf_classes(interface)` gives the hierarchy's leaves and all
+    its classes, and refuses an interface without a hierarchy itself."""
     at = f"flows[{i}]"
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     if not p.HasField("flow"):
@@ -60,11 +63,13 @@ def check(i: int, p: na.ProtectedFlow, leaf_classes: Callable[[str], set[int]]) 
         return invalid, f"{at}.class_id is 0: name the class the guard moves the flow to"
     if p.HasField("rewrite_dscp") and p.rewrite_dscp > 63:
         return invalid, f"{at}.rewrite_dscp {p.rewrite_dscp} is not within 0..63"
-    if p.class_id not in leaf_classes(p.interface_name):
+    leaves, classes = leaf_classes(p.interface_name)
+    if p.class_id not in leaves:
+        what = "has children" if p.class_id in classes else "does not exist"
         return (
             grpc.StatusCode.FAILED_PRECONDITION,
-            f"{at}.class_id {handle(p.class_id)} is not a leaf class of the queue hierarchy on "
-            f"{p.interface_name}",
+            f"{at}.class_id {handle(p.class_id)}: the class {what} in {p.interface_name}'s "
+            "hierarchy; name a leaf class",
         )
     return None
 
@@ -78,7 +83,7 @@ def protect(
     a protection's terms changed (a renewal alone changes only its expiry) and a summary."""
     after = dict(protections)
     resp = na.ProtectFlowsResponse()
-    changed, counts = False, {"protected": 0, "renewed": 0, "removed": 0}
+    changed, counts = False, {"protected": 0, "released": 0}
     for p in request.flows:
         k = key_of(p)
         prev = protections.get(k)
@@ -87,20 +92,19 @@ def protect(
         if p.ttl_ns == 0:
             removed = after.pop(k, None)
             changed |= removed is not None
-            counts["removed"] += removed is not None
+            counts["released"] += 1
             resp.applied.add().CopyFrom(p)
             continue
         new = na.ProtectedFlow()
         new.CopyFrom(p)
         new.expires_ns = now_ns + p.ttl_ns
         new.promoted, new.promotions = (prev.promoted, prev.promotions) if prev else (False, 0)
-        same = prev is not None and _terms(prev) == _terms(new)
-        changed |= not same
-        counts["renewed" if same else "protected"] += 1
+        changed |= prev is None or _terms(prev) != _terms(new)
+        counts["protected"] += 1
         after[k] = new
         resp.applied.add().CopyFrom(new)
-    summary = ", ".join(f"{what} {n}" for what, n in counts.items() if n) or "nothing"
-    return after, resp, changed, f"guard: {summary}"
+    summary = f"{counts['protected']} flow(s) protected, {counts['released']} released"
+    return after, resp, changed, f"latency guard: {summary}"
 
 
 def too_many(after: dict[Key, na.ProtectedFlow], max_flows: int) -> Problem | None:
