@@ -208,12 +208,14 @@ def test_other_records_are_counted_or_ignored(agent) -> None:
     failed = node_move(None, GAMING, 46, None, clock())
     failed.events[1].result.state = apb.ACTION_STATE_FAILED
     old = node_move(None, GAMING, 46, None, clock() - 61 * S)  # history, not a standing fact
-    for b in (batch, sanction, failed, old):
+    dry = node_move(None, GAMING, 46, None, clock())
+    dry.events[0].action.dry_run = True  # the guard's dry run changed nothing
+    for b in (batch, sanction, failed, old, dry):
         engine.observe(b)
     assert engine.drain() == []
     s = engine.facts.stats
     counts = (s.node_actions, s.node_other, s.node_not_applied, s.node_stale, s.node_flow_classes)
-    assert counts == (3, 1, 1, 1, 0)
+    assert counts == (4, 1, 2, 1, 0)
     clock.advance(1)
     events = engine.handle(slo(clock))
     assert not [r for r in of(events, "result") if r.state == apb.ACTION_STATE_REFUSED]

@@ -75,8 +75,8 @@ class NodeFacts:
         action = self.pending.pop(result.action_id, None)
         if action is None:
             return None
-        if result.state != apb.ACTION_STATE_APPLIED:
-            self.stats.node_not_applied += 1
+        if result.state != apb.ACTION_STATE_APPLIED or action.dry_run:
+            self.stats.node_not_applied += 1  # failed, or a dry run: nothing changed
             return None
         if now_ns - result.applied_ns > self.max_age_s * NS:
             self.stats.node_stale += 1
