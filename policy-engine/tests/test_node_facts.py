@@ -194,6 +194,8 @@ def test_a_worse_node_change_is_rolled_back_to_the_rule_before(agent) -> None:
     assert result.result.state == apb.ACTION_STATE_ROLLED_BACK
     assert result.result.verification.verdict == apb.VERDICT_WORSE
     assert rules(agent) == []  # no rule before the node's promotion
+    # The node's promotion is undone: no longer a fact that would refuse the same move.
+    assert engine.facts.classes == {}
 
 
 def test_other_records_are_counted_or_ignored(agent) -> None:

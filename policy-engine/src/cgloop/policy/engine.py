@@ -524,6 +524,8 @@ class Engine:
         )
         self.stats.rolled_back += 1
         self.leases.ended(entry.target_key, original.id)
+        if original.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW:
+            self.facts.overridden(entry.target_key)  # the flow is back where it was
         self._result(
             entry,
             apb.ACTION_STATE_ROLLED_BACK,
@@ -598,7 +600,6 @@ class Engine:
                 self._apply(entry)
             elif entry.state == apb.ACTION_STATE_APPLIED:
                 self._schedule(entry)
-
 
     def _resume_fact(self, entry: Entry) -> None:
         """Where the nodes put flows, replayed in decision order: a node's change, or the
