@@ -228,12 +228,16 @@ def test_facts_survive_a_restart_and_are_never_republished(agent, tmp_path: Path
     path = tmp_path / "journal.jsonl"
     engine = make(agent, policies(REPRIORITISE), clock, journal=Journal(path))
     move = node_move(agent, GAMING, 46, None, clock())
+    for ev in move.events:  # a node's own numbering, far from the engine's
+        (ev.action if ev.HasField("action") else ev.result).header.sequence = 10**9
     engine.observe(move)
     engine.observe(move)  # redelivered
     published = engine.drain()
     assert len(published) == 1
     engine.journal.close()
     again = make(agent, policies(REPRIORITISE), clock, journal=Journal(path))
+    # The engine numbers its records on from its own (the node's numbers are the node's).
+    assert again._sequence == published[0].result.header.sequence
     # The engine's verification was not acknowledged: only it is announced again.
     assert again.drain() == published
     again.observe(move)  # redelivered after the restart: known

@@ -562,10 +562,10 @@ class Engine:
         """Rebuild guard state and finish what a previous run left open."""
         for action_id in self.journal.order:
             entry = self.journal.entries[action_id]
+            # Only the engine's own headers count (a node's records have their own sequence).
+            headers = [entry.action.header, *([entry.result.header] if entry.result else [])]
             self._sequence = max(
-                self._sequence,
-                entry.action.header.sequence,
-                entry.result.header.sequence if entry.result else 0,
+                [self._sequence, *(h.sequence for h in headers if h.source_id == self.source_id)]
             )
             p = self.by_id.get(entry.action.policy_id)
             self._resume_fact(entry)
