@@ -183,3 +183,19 @@ def test_lapsed_leases_are_swept() -> None:
     leases.standing("c", spec, 31 * S)
     leases.standing("c", spec, 31 * S)
     assert leases.by_target == {}
+
+
+def test_a_dry_run_policy_records_what_it_would_send(agent: AgentServer) -> None:
+    clock = ManualClock()
+    dry = [p.model_copy(update={"mode": model.Mode.DRY_RUN}) for p in shipped()]
+    engine = engine_for(agent, dry, clock)
+    states = []
+    for _ in range(40):  # 20 s of detections
+        events = engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+        states += [e.result.state for e in events if e.WhichOneof("event") == "result"]
+        clock.advance(0.5)
+    # What enforcement would do: the protection at 0 s, its renewal at 15 s; nothing refused.
+    assert states == [apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED] * 2
+    assert protections(agent) == []  # a dry run protects nothing
+    (key,) = engine.leases.by_target
+    assert engine.leases.live(key, clock()) is None

@@ -386,8 +386,10 @@ class Engine:
             detection_to_apply_ns=max(0, loop),
             previous=applied.previous,
         )
-        if action.operation == apb.ACTION_OPERATION_PROTECT_FLOW and not action.dry_run:
-            self.leases.applied(entry.target_key, action.id, action.protect_flow, self.clock())
+        if action.operation == apb.ACTION_OPERATION_PROTECT_FLOW:
+            self.leases.applied(
+                entry.target_key, action.id, action.protect_flow, self.clock(), action.dry_run
+            )
         if action.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW and not action.dry_run:
             self.facts.overridden(entry.target_key)
         self._schedule(entry)
@@ -582,11 +584,12 @@ class Engine:
             a = entry.action
             if (
                 a.operation == apb.ACTION_OPERATION_PROTECT_FLOW
-                and not a.dry_run
                 and entry.state in (apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED)
                 and entry.result is not None
             ):
-                self.leases.applied(entry.target_key, a.id, a.protect_flow, entry.result.applied_ns)
+                self.leases.applied(
+                    entry.target_key, a.id, a.protect_flow, entry.result.applied_ns, a.dry_run
+                )
         # Events journaled but never acknowledged by Kafka before the previous run ended (a
         # crash between the journal's commit and the producer's flush): announced first, in
         # their order, before anything this run adds to the same actions.

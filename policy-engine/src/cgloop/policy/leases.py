@@ -38,6 +38,9 @@ class Lease:
     applied_ns: int
     ttl_ns: int
     spec: apb.ProtectFlowAction
+    # A dry run's lease: deduplicates as an applied one would (a dry-run policy records what
+    # it would send), but protects nothing.
+    dry_run: bool = False
 
 
 @dataclass
@@ -85,17 +88,22 @@ class Leases:
         self.failed_at[target_key] = at_ns
 
     def applied(
-        self, target_key: str, action_id: str, spec: apb.ProtectFlowAction, at_ns: int
+        self,
+        target_key: str,
+        action_id: str,
+        spec: apb.ProtectFlowAction,
+        at_ns: int,
+        dry_run: bool = False,
     ) -> None:
         self.failed_at.pop(target_key, None)
         self.by_target[target_key] = Lease(
-            action_id, self._terms(spec), at_ns, spec.ttl_ns, spec
+            action_id, self._terms(spec), at_ns, spec.ttl_ns, spec, dry_run
         )
 
     def live(self, target_key: str, now_ns: int) -> apb.ProtectFlowAction | None:
         """The protection the engine keeps on a target, unless it has lapsed."""
         lease = self.by_target.get(target_key)
-        if lease is None or now_ns - lease.applied_ns >= lease.ttl_ns:
+        if lease is None or lease.dry_run or now_ns - lease.applied_ns >= lease.ttl_ns:
             return None
         return lease.spec
 
