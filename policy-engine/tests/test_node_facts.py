@@ -246,3 +246,19 @@ def test_facts_survive_a_restart_and_are_never_republished(agent, tmp_path: Path
     (refused,) = of(again.handle(slo(clock)), "result")
     assert "guard node" in refused.message
     again.journal.close()
+
+
+def test_a_nodes_change_counts_for_the_cooldown_on_the_flow(agent) -> None:
+    clock = ManualClock()
+    cooling = DEMOTE.replace("guards: {hold_time: 0s}", "guards: {hold_time: 0s, cooldown: 5s}")
+    engine = make(agent, policies(cooling), clock)
+    engine.observe(node_move(agent, GAMING, 46, None, clock()))  # verified at once
+    clock.advance(1)
+    det = detection(clock(), kind=dpb.DETECTION_KIND_L4S_UNRESPONSIVE_ECN)
+    (refused,) = [r for r in of(engine.handle(dpb.DetectionBatch(records=[det])), "result")
+                  if r.state == apb.ACTION_STATE_REFUSED]
+    assert "guard cooldown" in refused.message
+    clock.advance(5)
+    det = detection(clock(), kind=dpb.DETECTION_KIND_L4S_UNRESPONSIVE_ECN)
+    events = engine.handle(dpb.DetectionBatch(records=[det]))
+    assert apb.ACTION_STATE_APPLIED in [r.state for r in of(events, "result")]
