@@ -30,7 +30,7 @@ from cgloop.policy import decide, parameters, verify
 from cgloop.policy import facts as node_facts
 from cgloop.policy.actuators import Actuator, ActuatorError, Applied
 from cgloop.policy.decide import ID_NAMESPACE, OPERATION, OPERATION_NAME
-from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
+from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
 from cgloop.policy.journal import FINAL, Entry, Journal
 from cgloop.policy.leases import Leases, Standing
 from cgloop.policy.model import Mode, Operation, Policy
@@ -327,14 +327,16 @@ class Engine:
             if standing is Standing.RENEWAL:
                 self.stats.renewals += 1
                 proposal = dataclasses.replace(proposal, renewal=True)
-        if refusal is None and p.action.operation is Operation.REPRIORITISE_FLOW:
-            fact = self.facts.holds(tkey, action.reprioritise_flow)
-            if fact is not None:
-                self.facts.stats.node_refusals += 1
-                refusal = Refusal(
-                    "node",
-                    f"the node's micro loop put the flow there already (action {fact.action_id})",
-                )
+        if (
+            refusal is None
+            and p.action.operation is Operation.REPRIORITISE_FLOW
+            and self.facts.holds(tkey, action.reprioritise_flow) is not None
+        ):
+            # The node's micro loop put the flow there already: nothing to order (the node's
+            # action is on the bus, and its verification; a record per detection would only
+            # repeat it).
+            self.facts.stats.node_held += 1
+            return
         if refusal is None:
             refusal = self.guards.check(proposal, now)
         if refusal is not None:

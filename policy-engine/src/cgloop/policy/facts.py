@@ -6,9 +6,9 @@ announces each change on cgloop.actions.v1 as an Action followed by its ActionRe
 engine reads them (`Engine.observe`) and:
 
 - remembers, per target, the flow class the node put a flow in (`NodeFacts.classes`), so a
-  policy that would order the same reprioritise_flow while the node's holds is refused by the
-  guard `node` instead of ordering the change again; the node's release (another
-  reprioritise_flow of the flow) or the engine's own later action on the flow ends the fact;
+  policy that would order the same reprioritise_flow while the node's holds orders nothing
+  (counted as `node_held`); the node's release (another reprioritise_flow of the flow), the
+  engine's own later action on the flow or a rollback ends the fact;
 - journals each node reprioritise_flow as an entry of its own (the node's action and result,
   never republished) and verifies it like its own actions: against the action's expected effect
   when the node set one, else against the protection the engine ordered for that flow (its
@@ -45,7 +45,8 @@ class NodeFactStats:
     node_other: int = 0
     node_not_applied: int = 0
     node_stale: int = 0
-    node_refusals: int = 0
+    # the engine's decisions not taken: the node had made the same move already
+    node_held: int = 0
 
 
 @dataclass
