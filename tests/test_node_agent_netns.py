@@ -1030,15 +1030,19 @@ def test_the_memory_agent_protects_flows_as_the_real_agent_does(lab):
     with AgentServer(fake_agent) as server:
         fake = node_agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(server.address))
         for name, (flow_, expected, field_) in requests.items():
+            answers = []
             for who, stub in (("real", real), ("fake", fake)):
                 req = na.ProtectFlowsRequest(action_id=f"{who}-{name}", flows=[flow_])
                 try:
-                    stub.ProtectFlows(req, timeout=10)
-                    code, msg = grpc.StatusCode.OK, ""
+                    reply = stub.ProtectFlows(req, timeout=10)
+                    code, msg = grpc.StatusCode.OK, reply.outcome.message
                 except grpc.RpcError as err:
                     code, msg = err.code(), err.details()
                 assert code == expected, f"{name}: the {who} agent answered {code} {msg}"
                 assert field_ in msg, f"{name}: the {who} agent's {msg!r} names no {field_}"
+                answers.append(msg)
+            # Refusals in the same words; outcomes too ("latency guard: 1 flow(s) protected").
+            assert answers[0] == answers[1], f"{name}: real {answers[0]!r}, fake {answers[1]!r}"
         got = [s.GetState(na.GetStateRequest(), timeout=10).state for s in (real, fake)]
     # The same protection in both (times and the guard's counters are each agent's own).
     for state in got:
