@@ -21,6 +21,7 @@ from cgloop.dashboards.micro_loop import (
     queue_panels,
 )
 from cgloop.dashboards.panels import (
+    LOOP_ACTIONS,
     OPTIONAL_PANELS,
     Layout,
     custom_variable,
@@ -96,8 +97,7 @@ def noc_overview() -> db.Dashboard:
         lay.place(
             stat_panel(
                 "Actions taken",
-                "SELECT count() AS actions FROM cgloop.loop_actions"
-                " WHERE $__timeFilter(decided_at)",
+                f"SELECT count() AS actions FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -180,7 +180,7 @@ def noc_overview() -> db.Dashboard:
                 "Loop actions",
                 f"SELECT decided_at AS time, {LEVEL} AS level, operation, target_node_id AS node,"
                 " final_state, verdict, detection_to_apply_ns / 1e6 AS detection_to_apply_ms,"
-                " message, cause FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
+                f" message, cause FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)"
                 " ORDER BY decided_at DESC LIMIT 100",
             ),
             12,
@@ -329,22 +329,22 @@ def loop_audit() -> db.Dashboard:
         " any(r.applied) AS applied_at, any(r.verified) AS verified_at,"
         " any(r.state) AS state, any(r.verdict) AS verdict,"
         f" any({level_name('a.level')}) AS level"
-        " FROM (SELECT * FROM cgloop.actions FINAL WHERE $__timeFilter(time)"
+        " FROM (SELECT * FROM cgloop.actions WHERE $__timeFilter(time)"
         " ORDER BY time LIMIT 1 BY id) AS a"
         " ARRAY JOIN a.reason_detection_ids AS detection_id"
         " INNER JOIN (SELECT id, window_end FROM cgloop.detections FINAL) AS d"
         " ON d.id = detection_id"
         " LEFT JOIN (SELECT action_id, max(applied) AS applied, max(verified) AS verified,"
         " argMax(state, time) AS state, argMax(verdict, time) AS verdict"
-        " FROM cgloop.action_results FINAL GROUP BY action_id) AS r ON r.action_id = a.id"
+        " FROM cgloop.action_results WHERE time >= $__fromTime GROUP BY action_id) AS r"
+        " ON r.action_id = a.id"
         " GROUP BY a.id, a.operation, a.policy_id"
     )
     d.with_panel(
         lay.place(
             stat_panel(
                 "Actions",
-                "SELECT count() AS actions FROM cgloop.loop_actions"
-                " WHERE $__timeFilter(decided_at)",
+                f"SELECT count() AS actions FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -355,7 +355,7 @@ def loop_audit() -> db.Dashboard:
             stat_panel(
                 "Refused by guards",
                 "SELECT countIf(final_state = 'ACTION_STATE_REFUSED') AS refused"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)",
+                f" FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -366,7 +366,7 @@ def loop_audit() -> db.Dashboard:
             stat_panel(
                 "Verified improvements",
                 "SELECT countIf(verdict = 'VERDICT_IMPROVED') AS improved"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)",
+                f" FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -422,7 +422,7 @@ def loop_audit() -> db.Dashboard:
             table_panel(
                 "Guard refusals",
                 "SELECT decided_at AS time, policy_id, operation, target_node_id AS node,"
-                " message FROM cgloop.loop_actions"
+                f" message FROM {LOOP_ACTIONS}"
                 " WHERE $__timeFilter(decided_at) AND final_state = 'ACTION_STATE_REFUSED'"
                 " ORDER BY decided_at DESC",
             ),
@@ -440,8 +440,9 @@ def loop_audit() -> db.Dashboard:
                 " r.latency_before.p99_ns / 1e6 AS p99_before_ms,"
                 " r.latency_after.p99_ns / 1e6 AS p99_after_ms, r.verification_detail AS detail"
                 " FROM cgloop.action_results AS r FINAL"
-                " LEFT JOIN (SELECT id, any(operation) AS operation FROM cgloop.actions FINAL"
-                " GROUP BY id) AS a ON a.id = r.action_id"
+                " LEFT JOIN (SELECT id, any(operation) AS operation FROM cgloop.actions"
+                " WHERE id IN (SELECT action_id FROM cgloop.action_results WHERE"
+                " $__timeFilter(time)) GROUP BY id) AS a ON a.id = r.action_id"
                 " WHERE $__timeFilter(r.time) AND r.verdict != 'VERDICT_UNSPECIFIED'"
                 " ORDER BY r.time DESC",
             ),
@@ -458,7 +459,7 @@ def loop_audit() -> db.Dashboard:
                 " la.final_state AS state, la.dry_run AS dry_run,"
                 " arrayStringConcat(arrayFilter(k -> k != '', groupArray(d.kind)), ', ')"
                 " AS reasons, any(la.cause) AS cause, any(la.message) AS message"
-                " FROM cgloop.loop_actions AS la"
+                f" FROM {LOOP_ACTIONS} AS la"
                 # LEFT: a node-level action cites no detection; its cause says why
                 " LEFT ARRAY JOIN la.reason_detection_ids AS detection_id"
                 " LEFT JOIN (SELECT id, kind FROM cgloop.detections FINAL) AS d"

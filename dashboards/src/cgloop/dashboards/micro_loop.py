@@ -5,7 +5,7 @@ applied on the agent) or global."""
 
 from __future__ import annotations
 
-from cgloop.dashboards.panels import Layout, series, table_panel
+from cgloop.dashboards.panels import LOOP_ACTIONS, Layout, series, table_panel
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table, timeseries
 
@@ -130,7 +130,7 @@ def queue_panels(d: db.Dashboard, lay: Layout, node_filter: str) -> None:
                 f"SELECT target_node_id AS node, {LEVEL} AS level, {OPERATION} AS operation,"
                 " count() AS actions, max(decided_at) AS last_decided,"
                 " argMax(cause, decided_at) AS last_cause"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
+                f" FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)"
                 " AND target_node_id IN (${node:singlequote})"
                 " GROUP BY node, level, operation ORDER BY node, level, actions DESC",
             ),
@@ -146,7 +146,7 @@ def actions_per_level(title: str) -> timeseries.Panel:
     return series(
         title,
         f"SELECT $__timeInterval(decided_at) AS time, concat({LEVEL}, ' / ', {OPERATION})"
-        " AS lever, count() AS actions FROM cgloop.loop_actions"
+        f" AS lever, count() AS actions FROM {LOOP_ACTIONS}"
         " WHERE $__timeFilter(decided_at) GROUP BY time, lever ORDER BY time",
         "none",
         points=True,
@@ -164,7 +164,7 @@ def level_summary() -> table.Panel:
         " AS apply_latency_p50_ms,"
         " round(quantileExactIf(0.99)(apply_latency_ns, apply_latency_ns > 0) / 1e6, 3)"
         " AS apply_latency_p99_ms"
-        " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
+        f" FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)"
         " GROUP BY level, operation ORDER BY level, actions DESC",
     )
 
@@ -181,13 +181,11 @@ def node_actions() -> table.Panel:
         " toString(a.target_flow_dst_port))) AS flow,"
         " r.state AS state, round(r.apply_latency_ns / 1e6, 3) AS apply_latency_ms,"
         " a.spec AS parameters"
-        " FROM (SELECT * FROM cgloop.actions FINAL WHERE $__timeFilter(time)"
+        " FROM (SELECT * FROM cgloop.actions WHERE $__timeFilter(time)"
         " AND level = 'ACTION_LEVEL_NODE' ORDER BY time LIMIT 1 BY id) AS a"
-        # The agent records the result right after the action: the range bounds both, so the
-        # store reads only the range's parts (loop_actions would read every action ever kept;
-        # at one sanction record per flow per audit interval there are many).
+        # Bounded by the range like panels.LOOP_ACTIONS (the result follows its action).
         " LEFT JOIN (SELECT action_id, argMax(state, time) AS state,"
-        " max(apply_latency_ns) AS apply_latency_ns FROM cgloop.action_results FINAL"
-        " WHERE $__timeFilter(time) GROUP BY action_id) AS r ON r.action_id = a.id"
+        " max(apply_latency_ns) AS apply_latency_ns FROM cgloop.action_results"
+        " WHERE time >= $__fromTime GROUP BY action_id) AS r ON r.action_id = a.id"
         " ORDER BY a.time DESC LIMIT 200",
     )

@@ -78,3 +78,28 @@ def custom_variable(name: str, label: str, values: list[str]) -> db.CustomVariab
         .values(",".join(values))
         .current(dm.VariableOption(selected=True, text=values[0], value=values[0]))
     )
+
+
+# `cgloop.loop_actions` (migration 0005, 0013) over the dashboard's range only. The view picks
+# each action's first record and joins every result ever kept before any filter applies, so a
+# panel on it reads the whole table: at one record per sanctioned flow per audit interval from
+# the node micro loop that is ~1 s a panel over 15 minutes of a day's 864 k records
+# (bench/datasets/bench_micro_loop_panels.py). Here the actions are those recorded in the range
+# and the results those since its start (they follow their action). No FINAL: LIMIT 1 BY keeps
+# one record per action, argMax/max read a replayed result alike.
+LOOP_ACTIONS = (
+    "(SELECT a.id AS action_id, a.time AS decided_at, a.policy_id AS policy_id,"
+    " a.operation AS operation, a.level AS level, a.target_node_id AS target_node_id,"
+    " a.reason_detection_ids AS reason_detection_ids, a.dry_run AS dry_run, a.cause AS cause,"
+    " r.state AS final_state, r.verdict AS verdict, r.applied AS applied_at,"
+    " r.detection_to_apply_ns AS detection_to_apply_ns, r.message AS message,"
+    " r.apply_latency_ns AS apply_latency_ns"
+    " FROM (SELECT id, time, policy_id, operation, level, target_node_id, reason_detection_ids,"
+    " dry_run, cause FROM cgloop.actions WHERE $__timeFilter(time)"
+    " ORDER BY time LIMIT 1 BY id) AS a"
+    " LEFT JOIN (SELECT action_id, argMax(state, time) AS state,"
+    " argMax(verdict, time) AS verdict, max(applied) AS applied,"
+    " max(detection_to_apply_ns) AS detection_to_apply_ns, argMax(message, time) AS message,"
+    " max(apply_latency_ns) AS apply_latency_ns FROM cgloop.action_results"
+    " WHERE time >= $__fromTime GROUP BY action_id) AS r ON r.action_id = a.id)"
+)
