@@ -160,6 +160,52 @@ impl Default for QueueProtectionSettings {
     }
 }
 
+/// `[guard]`: the node micro loop's latency guard of protected flows (src/guard.rs) and the
+/// audit of what the micro loop does (src/audit.rs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardSettings {
+    /// Off: protections are still accepted and listed, but the guard never moves a flow.
+    pub enabled: bool,
+    /// Promote a protected flow when the queue delay of its class reaches this share of its SLO.
+    pub guard_fraction: f64,
+    /// Release it only when the class it came from is below this share of its SLO (hysteresis).
+    pub release_fraction: f64,
+    /// Least time a flow stays promoted before it may be released.
+    pub hold_ms: u64,
+    /// Cap on the guard's promotions and releases together, per second, over all flows.
+    pub max_changes_per_s: u32,
+    /// Bound on the flows ProtectFlows may hold at once (RESOURCE_EXHAUSTED beyond it).
+    pub max_protected_flows: usize,
+    /// The guard looks for a new queue tick this often.
+    pub poll_interval_us: u64,
+    /// A queue tick older than this is stale: the guard does not act on it.
+    pub max_tick_age_us: u64,
+    /// Queue-protection sanctions are aggregated per flow over this interval before they are
+    /// audited.
+    pub audit_interval_ms: u64,
+    /// Audit records waiting for Kafka at most; beyond it they are dropped and counted (the
+    /// micro loop never waits for the audit).
+    pub audit_queue: usize,
+}
+
+impl Default for GuardSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            guard_fraction: 0.25,
+            release_fraction: 0.05,
+            hold_ms: 2000,
+            max_changes_per_s: 20,
+            max_protected_flows: 256,
+            poll_interval_us: 500,
+            max_tick_age_us: 5000,
+            audit_interval_ms: 100,
+            audit_queue: 4096,
+        }
+    }
+}
+
 /// `key` within `lo..=hi`, or an error naming the key and the bounds.
 fn within<T: PartialOrd + std::fmt::Display>(key: &str, v: T, lo: T, hi: T) -> Result<()> {
     anyhow::ensure!(v >= lo && v <= hi, "{key} = {v} is out of range {lo}..={hi}");
@@ -198,6 +244,33 @@ impl QueueProtectionSettings {
             self.buckets
         );
         within(&k("ce_step_us"), self.ce_step_us, 0, 1_000_000)?;
+        Ok(())
+    }
+}
+
+impl GuardSettings {
+    /// Every key within its bounds; a refusal names the key and the bounds.
+    pub fn check(&self) -> Result<()> {
+        let g = self;
+        let within = |key: &str, v: f64, lo: f64, hi: f64| -> Result<()> {
+            anyhow::ensure!(v.is_finite() && (lo..=hi).contains(&v), "guard.{key} {v} is outside {lo}..{hi}");
+            Ok(())
+        };
+        within("guard_fraction", g.guard_fraction, 0.01, 1.0)?;
+        within("release_fraction", g.release_fraction, 0.0, 1.0)?;
+        anyhow::ensure!(
+            g.release_fraction < g.guard_fraction,
+            "guard.release_fraction {} must be below guard.guard_fraction {} (hysteresis)",
+            g.release_fraction,
+            g.guard_fraction
+        );
+        within("hold_ms", g.hold_ms as f64, 0.0, 600_000.0)?;
+        within("max_changes_per_s", g.max_changes_per_s as f64, 1.0, 10_000.0)?;
+        within("max_protected_flows", g.max_protected_flows as f64, 1.0, 65_536.0)?;
+        within("poll_interval_us", g.poll_interval_us as f64, 100.0, 100_000.0)?;
+        within("max_tick_age_us", g.max_tick_age_us as f64, 1000.0, 1_000_000.0)?;
+        within("audit_interval_ms", g.audit_interval_ms as f64, 10.0, 60_000.0)?;
+        within("audit_queue", g.audit_queue as f64, 16.0, 1_000_000.0)?;
         Ok(())
     }
 }
@@ -244,6 +317,9 @@ pub struct Config {
     pub node_topic: String,
     pub queues: QueueSettings,
     pub queue_protection: QueueProtectionSettings,
+    /// Where the node micro loop's actions go (`Action` records, level NODE), with Kafka.
+    pub action_topic: String,
+    pub guard: GuardSettings,
 }
 
 impl Default for Config {
@@ -268,6 +344,8 @@ impl Default for Config {
             node_topic: bus::topic(BusTopic::Nodes).name.clone(),
             queues: QueueSettings::default(),
             queue_protection: QueueProtectionSettings::default(),
+            action_topic: bus::topic(BusTopic::Actions).name.clone(),
+            guard: GuardSettings::default(),
         }
     }
 }
@@ -318,6 +396,7 @@ impl Config {
         );
         self.queues.check()?;
         self.queue_protection.check()?;
+        self.guard.check()?;
         Ok(())
     }
 }
@@ -370,6 +449,25 @@ mod tests {
         assert!(c.check().unwrap_err().to_string().contains("queues.sample_interval_us = 10 is out of range 100..="));
         let c: Config = toml::from_str("[queues]\nstale_after_us = 500\n").unwrap();
         assert!(c.check().unwrap_err().to_string().contains("queues.stale_after_us"));
+    }
+
+    #[test]
+    fn guard_keys_are_bounded_and_named() {
+        let c: Config = toml::from_str("[guard]\nguard_fraction = 0.3\nhold_ms = 500\n").unwrap();
+        c.check().unwrap();
+        assert_eq!((c.guard.guard_fraction, c.guard.hold_ms, c.guard.max_protected_flows), (0.3, 500, 256));
+        for (toml, key) in [
+            ("guard_fraction = 1.5", "guard.guard_fraction 1.5 is outside 0.01..1"),
+            ("release_fraction = 0.3", "guard.release_fraction 0.3 must be below"),
+            ("max_changes_per_s = 0", "guard.max_changes_per_s"),
+            ("max_protected_flows = 0", "guard.max_protected_flows"),
+            ("audit_interval_ms = 1", "guard.audit_interval_ms 1 is outside 10..60000"),
+        ] {
+            let c: Config = toml::from_str(&format!("[guard]\n{toml}\n")).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+        assert!(toml::from_str::<Config>("[guard]\nguard = 1\n").is_err());
     }
 
     #[test]
