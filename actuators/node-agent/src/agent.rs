@@ -17,6 +17,7 @@ use crate::chains;
 use crate::config::Config;
 use crate::datapath::{self, Datapath, FlowKey, FlowRule, KEEP};
 use crate::error::{AgentError, AgentResult};
+use crate::guard::{self as micro, Guard as MicroGuard};
 use crate::journal::{ActionLog, GroupCommit, Journal, Replay, Snapshot};
 use crate::netif::{ifindex, ifname, Ifs};
 use crate::power_glue::Power;
@@ -76,10 +77,15 @@ struct Inner {
     probes: Probes,
     /// The AF_XDP runtime of advanced functions, started with the first chain that has one.
     advanced: Option<crate::advanced::Advanced>,
+    /// The latency guard's protections (ProtectFlows); its thread steers through [`Inner`].
+    micro: Arc<MicroGuard>,
 }
 
 pub struct Agent {
     inner: Arc<Mutex<Inner>>,
+    /// The queue monitor (1 ms queue ticks) and the L4S class's queue protection.
+    monitor: Arc<crate::qmon::Monitor>,
+    protection: Option<Arc<crate::qprot::Protection>>,
     watch: watch::Sender<(NodeState, String)>,
     /// The journal writer: changes are persisted off the RPC path (group commit).
     commit: GroupCommit,
@@ -183,11 +189,9 @@ impl Inner {
     /// What the journal writer commits next: the current desired state and the actions
     /// applied since its previous snapshot.
     fn snapshot(&mut self) -> Snapshot {
-        Snapshot {
-            seq: self.seq,
-            state: self.desired.to_state(&self.config.node_id, self.generation),
-            actions: std::mem::take(&mut self.pending),
-        }
+        let mut state = self.desired.to_state(&self.config.node_id, self.generation);
+        state.protected_flows = self.micro.list();
+        Snapshot { seq: self.seq, state, actions: std::mem::take(&mut self.pending) }
     }
 
     // --- queues -------------------------------------------------------------------------
@@ -557,6 +561,42 @@ impl Inner {
         Ok((Applied { changed, message }, previous))
     }
 
+    // --- protected flows (the latency guard) ---------------------------------------------
+
+    fn protect_flows(&mut self, req: &ProtectFlowsRequest, dry: bool) -> AgentResult<(Applied, micro::Protected)> {
+        if req.flows.is_empty() {
+            invalid!("flows is empty: name a flow to protect (or to release with ttl_ns 0)");
+        }
+        let mut ifindexes = Vec::with_capacity(req.flows.len());
+        for (i, p) in req.flows.iter().enumerate() {
+            let field = format!("flows[{i}]");
+            self.guard().protected_flow(&field, p)?;
+            let ifindex = ifindex(&p.interface_name)?;
+            if let Some(f) = &p.flow {
+                five_tuple_key(ifindex, f).map_err(|e| match e {
+                    AgentError::Invalid(m) => AgentError::Invalid(format!("{field}: {m}")),
+                    e => e,
+                })?;
+            }
+            if p.ttl_ns > 0 {
+                let iface = &p.interface_name;
+                let h = self.hierarchy(iface)?;
+                if !queues::leaves(h).contains(&p.class_id) {
+                    let what = if h.classes.iter().any(|c| c.class_id == p.class_id) { "has children" } else { "does not exist" };
+                    return Err(AgentError::Precondition(format!(
+                        "{field}.class_id {}: the class {what} in {iface}'s hierarchy; name a leaf class",
+                        handle_str(p.class_id)
+                    )));
+                }
+            }
+            ifindexes.push(ifindex);
+        }
+        let done = self.micro.protect(&req.flows, &ifindexes, now_ns(), dry)?;
+        let (on, off) = req.flows.iter().partition::<Vec<_>, _>(|p| p.ttl_ns > 0);
+        let message = format!("latency guard: {} flow(s) protected, {} released", on.len(), off.len());
+        Ok((Applied { changed: done.changed, message }, done))
+    }
+
     // --- read-back ----------------------------------------------------------------------
 
     fn read_state(&mut self) -> AgentResult<NodeState> {
@@ -646,7 +686,50 @@ impl Inner {
         state.probes = self.probes.specs();
         state.probe_status = self.probes.status();
         state.power_policies = self.power.policies();
+        state.protected_flows = self.micro.list();
+        state.micro_loop = Some(self.micro.status());
         Ok(state)
+    }
+}
+
+/// The guard's hands: the flow rules of the agent, under its lock.
+impl micro::Steering for Inner {
+    fn placement(&self, interface: &str, flow: &FiveTuple) -> Option<micro::Placement> {
+        let h = self.desired.queues.get(interface)?;
+        let rule = self.desired.flows.get(&(interface.to_string(), flow.encode_to_vec()));
+        Some(micro::Placement {
+            rule: rule.map(|r| micro::Rule { class_id: r.class_id, rewrite_dscp: r.rewrite_dscp }),
+            default_class: h.default_class_id,
+        })
+    }
+
+    /// The datapath write SetFlowClass makes, without the desired state (a promotion is not
+    /// journalled: after a restart the flow has its own rule again).
+    fn set_rule(&mut self, interface: &str, flow: &FiveTuple, rule: Option<micro::Rule>) -> AgentResult<()> {
+        if let Some(r) = rule {
+            if !queues::leaves(self.hierarchy(interface)?).contains(&r.class_id) {
+                return Err(queues::not_found_class(interface, r.class_id));
+            }
+        }
+        if self.config.dry_run {
+            return Ok(());
+        }
+        let key = five_tuple_key(ifindex(interface)?, flow)?;
+        let bpf = rule.map(|r| FlowRule { classid: r.class_id, rewrite_dscp: r.rewrite_dscp.unwrap_or(KEEP) });
+        self.dp.set_flow(&key, bpf).map_err(kernel("updating the flow map"))
+    }
+
+    fn dry_run(&self) -> bool {
+        self.config.dry_run
+    }
+}
+
+/// Lends the locked agent to the guard's thread.
+struct Locked(Arc<Mutex<Inner>>);
+
+impl micro::Hands for Locked {
+    fn with(&self, f: &mut dyn FnMut(&mut dyn micro::Steering)) {
+        f(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -694,6 +777,7 @@ mutation!(SetChainRequest, "SetChain");
 mutation!(StartProbeRequest, "StartProbe");
 mutation!(StopProbeRequest, "StopProbe");
 mutation!(SetImpairmentRequest, "SetImpairment");
+mutation!(ProtectFlowsRequest, "ProtectFlows");
 
 /// Responses that carry an ApplyOutcome.
 pub trait HasOutcome: Message + Default {
@@ -717,7 +801,8 @@ has_outcome!(
     SetChainResponse,
     StartProbeResponse,
     StopProbeResponse,
-    SetImpairmentResponse
+    SetImpairmentResponse,
+    ProtectFlowsResponse
 );
 
 impl Agent {
@@ -726,16 +811,18 @@ impl Agent {
         config.check()?;
         let rtnl = Rtnl::open().context("opening rtnetlink")?;
         let dp = Datapath::load()?;
+        let (monitor, protection, qwarn) = start_queues(&config, &dp)?;
         let journal = Journal::new(config.journal_path.clone(), config.journal_fsync);
         let (saved, warning) = journal.load(config.remembered_actions)?;
         let delay = Duration::from_micros(config.journal_commit_delay_us);
         let sync_ack = config.journal_sync_ack;
-        let mut warnings: Vec<String> = warning.into_iter().collect();
+        let mut warnings: Vec<String> = warning.into_iter().chain(qwarn).collect();
         let mut actions = ActionLog::new(config.remembered_actions);
         for e in saved.actions {
             actions.record(e);
         }
         let generation = saved.desired.as_ref().map_or(0, |d| d.generation);
+        let micro = Arc::new(MicroGuard::new(config.guard.clone()));
         let mut inner = Inner {
             config,
             rtnl,
@@ -749,6 +836,7 @@ impl Agent {
             power,
             probes,
             advanced: None,
+            micro,
         };
         if let Some(d) = saved.desired {
             warnings.extend(inner.restore(&d));
@@ -760,7 +848,17 @@ impl Agent {
         let commit = GroupCommit::start(journal, delay, move || {
             source.lock().unwrap_or_else(|p| p.into_inner()).snapshot()
         });
-        Ok((Self { inner, watch: tx, commit, sync_ack }, warnings))
+        Ok((Self { inner, monitor, protection, watch: tx, commit, sync_ack }, warnings))
+    }
+
+    /// The queue monitor's ticks (the micro loop's eyes).
+    pub fn queue_view(&self) -> Arc<dyn crate::queue_view::QueueView> {
+        self.monitor.clone()
+    }
+
+    /// RFC 9957 sanctions per flow (None: no `[queue_protection]` interfaces).
+    pub fn sanctions(&self) -> Option<Arc<dyn crate::queue_view::SanctionSource>> {
+        self.protection.clone().map(|p| p as Arc<dyn crate::queue_view::SanctionSource>)
     }
 
     /// Commits every acknowledged change to the journal and stops its writer (shutdown).
@@ -920,6 +1018,39 @@ impl Agent {
         })
     }
 
+    pub fn protect_flows(&self, req: &ProtectFlowsRequest) -> AgentResult<ProtectFlowsResponse> {
+        self.mutate(req, |inner, dry| {
+            let (applied, done) = inner.protect_flows(req, dry)?;
+            Ok((applied, ProtectFlowsResponse { outcome: None, applied: done.applied, previous: done.previous }))
+        })
+    }
+
+    /// The latency guard (its protections and status, for node samples).
+    pub fn micro_loop(&self) -> Arc<MicroGuard> {
+        self.lock().micro.clone()
+    }
+
+    /// Starts the latency guard's thread on `view`; each move goes to `on_move` (the audit),
+    /// and watchers get the state it changed (without a cause: a local change).
+    pub fn start_guard(
+        self: &Arc<Self>,
+        view: Arc<dyn crate::queue_view::QueueView>,
+        on_move: impl Fn(&micro::Move) + Send + 'static,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let guard = self.micro_loop();
+        let hands = Arc::new(Locked(self.inner.clone()));
+        let me = Arc::downgrade(self);
+        micro::spawn(guard, view, hands, move |m| {
+            on_move(m);
+            if let Some(agent) = me.upgrade().filter(|a| a.watch.receiver_count() > 0) {
+                if let Ok(state) = agent.lock().read_state() {
+                    let _ = agent.watch.send((state, String::new()));
+                }
+            }
+        }, stop)
+    }
+
     pub fn get_power_state(&self, req: &GetPowerStateRequest) -> AgentResult<GetPowerStateResponse> {
         self.lock().power.state(&req.cores)
     }
@@ -970,6 +1101,27 @@ impl crate::nodes::Source for Agent {
     fn power_cores(&self) -> Vec<CoreSample> {
         self.lock().power.state(&[]).map(|r| r.cores).unwrap_or_default()
     }
+
+    fn queues(&self) -> (Vec<QueueSample>, Option<MicroLoopStatus>) {
+        (self.monitor.take_samples(), Some(self.monitor.status()))
+    }
+}
+
+/// The queue monitor and the low-latency class's configuration; warnings for what is missing.
+type Queues = (Arc<crate::qmon::Monitor>, Option<Arc<crate::qprot::Protection>>, Vec<String>);
+
+fn start_queues(config: &Config, dp: &Datapath) -> anyhow::Result<Queues> {
+    let mut warnings = Vec::new();
+    let protection = if config.queue_protection.interfaces.is_empty() {
+        None
+    } else {
+        let p = crate::qprot::Protection::new(dp.qmon_maps()?, config.queue_protection.clone());
+        warnings.extend(p.apply()?);
+        Some(Arc::new(p))
+    };
+    let monitor =
+        crate::qmon::Monitor::start(&config.queues, dp.qmon_maps()?, dp.qmon_attach_error.clone(), protection.clone())?;
+    Ok((Arc::new(monitor), protection, warnings))
 }
 
 impl Inner {
@@ -1001,6 +1153,15 @@ impl Inner {
             match allowed.and_then(|_| self.power.restore(p)) {
                 Ok(_) => self.desired.power = self.power.policies(),
                 Err(e) => warnings.push(format!("restoring power policy of cores {:?}: {e}", p.cores)),
+            }
+        }
+        let now = now_ns();
+        for p in &d.protected_flows {
+            match ifindex(&p.interface_name) {
+                Ok(i) => {
+                    self.micro.restore(p, i, now);
+                }
+                Err(e) => warnings.push(format!("restoring the protection of a flow on {}: {e}", p.interface_name)),
             }
         }
         let bounds = self.config.bounds.clone();

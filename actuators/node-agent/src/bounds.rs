@@ -7,12 +7,17 @@ use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use cgloop_proto::catalogue::{self, Value};
-use cgloop_proto::v1::{ChainFunction, QueueHierarchy, ServiceChain};
+use cgloop_proto::v1::{ChainFunction, ProtectedFlow, QueueHierarchy, ServiceChain};
 
 use crate::config::Bounds;
 use crate::error::{AgentError, AgentResult};
 use crate::tc::handle_str;
 use crate::{invalid, out_of_bounds};
+
+/// A protected flow's latency objective: 100 µs..10 s (ProtectFlowAction's param rules).
+pub const SLO_NS: (u64, u64) = (100_000, 10_000_000_000);
+/// A protection's time to live: 1 s..1 h (0 removes it).
+pub const TTL_NS: (u64, u64) = (1_000_000_000, 3_600_000_000_000);
 
 /// Where the kernel lists the online CPUs ("0-3,6").
 const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
@@ -112,6 +117,35 @@ impl<'a> Guard<'a> {
                     );
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A protection a ProtectFlows request asks for (`field` names it, e.g. `flows[0]`): its
+    /// interface within `[bounds] interfaces`, a flow, and (unless it removes the protection,
+    /// ttl_ns 0) its SLO, TTL and DSCP re-mark within their bounds. Whether the class exists is
+    /// the hierarchy's to say (the agent checks it).
+    pub fn protected_flow(&self, field: &str, p: &ProtectedFlow) -> AgentResult<()> {
+        self.interface(&format!("{field}.interface_name"), &p.interface_name)?;
+        if p.flow.is_none() {
+            invalid!("{field}.flow is missing: name the 5-tuple to protect");
+        }
+        if p.ttl_ns == 0 {
+            return Ok(()); // a removal needs nothing else
+        }
+        let (lo, hi) = SLO_NS;
+        if !(lo..=hi).contains(&p.latency_slo_ns) {
+            invalid!("{field}.latency_slo_ns {} is outside {lo}..{hi} (100 µs..10 s)", p.latency_slo_ns);
+        }
+        let (lo, hi) = TTL_NS;
+        if !(lo..=hi).contains(&p.ttl_ns) {
+            invalid!("{field}.ttl_ns {} is outside {lo}..{hi} (1 s..1 h; 0 removes)", p.ttl_ns);
+        }
+        if p.class_id == 0 {
+            invalid!("{field}.class_id is 0: name the class the guard moves the flow to");
+        }
+        if let Some(d) = p.rewrite_dscp.filter(|&d| d > 63) {
+            invalid!("{field}.rewrite_dscp {d} is not within 0..63");
         }
         Ok(())
     }
@@ -296,6 +330,43 @@ mod tests {
         let c = chain(vec![func(rate, FunctionKind::Basic, 0)]);
         let e = g.chain(&c).unwrap_err();
         assert!(matches!(e, AgentError::OutOfBounds(_)) && e.to_string().contains("rate_bps 2000000"), "{e}");
+    }
+
+    #[test]
+    fn protected_flows_are_refused_by_field_and_bounds() {
+        use cgloop_proto::v1::FiveTuple;
+        let b = rt0();
+        let g = Guard::new(&b);
+        let ok = ProtectedFlow {
+            interface_name: "rt0".into(),
+            flow: Some(FiveTuple::default()),
+            latency_slo_ns: 20_000_000,
+            class_id: 0x10020,
+            rewrite_dscp: Some(46),
+            ttl_ns: 30_000_000_000,
+            ..Default::default()
+        };
+        g.protected_flow("flows[0]", &ok).unwrap();
+        type Change = fn(&mut ProtectedFlow);
+        let cases: [(Change, &str); 7] = [
+            (|p| p.latency_slo_ns = 99_999, "flows[0].latency_slo_ns 99999 is outside 100000..10000000000"),
+            (|p| p.latency_slo_ns = 10_000_000_001, "flows[0].latency_slo_ns"),
+            (|p| p.ttl_ns = 999_999_999, "flows[0].ttl_ns 999999999 is outside 1000000000..3600000000000"),
+            (|p| p.ttl_ns = 3_600_000_000_001, "flows[0].ttl_ns"),
+            (|p| p.rewrite_dscp = Some(64), "flows[0].rewrite_dscp 64 is not within 0..63"),
+            (|p| p.class_id = 0, "flows[0].class_id is 0"),
+            (|p| p.flow = None, "flows[0].flow is missing"),
+        ];
+        for (change, want) in cases {
+            let mut p = ok.clone();
+            change(&mut p);
+            let e = g.protected_flow("flows[0]", &p).unwrap_err();
+            assert!(matches!(e, AgentError::Invalid(_)) && e.to_string().contains(want), "{want}: {e}");
+        }
+        let e = g.protected_flow("flows[0]", &ProtectedFlow { interface_name: "lo".into(), ..ok.clone() }).unwrap_err();
+        assert!(matches!(e, AgentError::Forbidden(_)) && e.to_string().contains("flows[0].interface_name"), "{e}");
+        // A removal (ttl 0) is checked for its interface and flow only.
+        g.protected_flow("flows[0]", &ProtectedFlow { ttl_ns: 0, latency_slo_ns: 0, class_id: 0, ..ok }).unwrap();
     }
 
     fn class(name: &str, id: u32, parent: u32, rate: u64, ceil: u64) -> HtbClass {

@@ -11,6 +11,9 @@ pub enum AgentError {
     /// The interface is not one the agent may touch.
     #[error("{0}")]
     Forbidden(String),
+    /// A bounded count (e.g. `[guard] max_protected_flows`) would be exceeded.
+    #[error("{0}")]
+    Exhausted(String),
     #[error("{0}")]
     NotFound(String),
     /// The request needs something that is not in place (e.g. a queue hierarchy first).
@@ -35,6 +38,7 @@ impl From<AgentError> for tonic::Status {
             AgentError::Invalid(_) => tonic::Status::invalid_argument(msg),
             AgentError::OutOfBounds(_) => tonic::Status::out_of_range(msg),
             AgentError::Forbidden(_) => tonic::Status::permission_denied(msg),
+            AgentError::Exhausted(_) => tonic::Status::resource_exhausted(msg),
             AgentError::NotFound(_) => tonic::Status::not_found(msg),
             AgentError::Precondition(_) => tonic::Status::failed_precondition(msg),
             AgentError::Conflict(_) => tonic::Status::already_exists(msg),

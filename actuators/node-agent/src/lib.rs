@@ -6,9 +6,11 @@
 //! GroupCommit::durable, power's readers …) would read as dead code from a private module.
 //! Private: the datapath and its helpers, reached only through `agent`.
 pub mod agent;
+pub mod audit;
 pub mod config;
 pub mod error;
 pub mod export;
+pub mod guard;
 pub mod nodes;
 pub mod power_glue;
 pub mod probes;
@@ -21,6 +23,8 @@ pub mod afxdp;
 pub mod bounds;
 pub mod journal;
 pub mod power;
+pub mod qmon;
+pub mod qprot;
 pub mod queue_view;
 
 mod chains;

@@ -13,6 +13,8 @@ use cgloop_node_agent::power_glue::Power;
 use cgloop_node_agent::probes::Probes;
 use cgloop_node_agent::reflect::{ReflectOptions, Reflector};
 use cgloop_node_agent::service::Service;
+use cgloop_node_agent::audit::{Audit, KafkaSink, Recorder};
+use cgloop_node_agent::queue_view::{LateSanctions, SanctionSource};
 use cgloop_node_agent::{export, tls};
 use cgloop_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 use clap::{Parser, Subcommand};
@@ -131,16 +133,40 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
             Duration::from_millis(config.node_sample_interval_ms),
         )
     });
+    // The node micro loop's audit: its actions on the actions topic, when Kafka is set.
+    let late_sanctions = Arc::new(LateSanctions::default());
+    let audit = if config.kafka_bootstrap.is_empty() {
+        None
+    } else {
+        let sink = KafkaSink::new(&config.kafka_bootstrap, &config.action_topic, &config.node_id)?;
+        let g = &config.guard;
+        let interval = Duration::from_millis(g.audit_interval_ms);
+        // RFC 9957 sanctions: the datapath's source, bound once the agent has started it.
+        let source = late_sanctions.clone() as Arc<dyn SanctionSource>;
+        Some(Audit::start(Recorder::new(&config.node_id), Box::new(sink), g.audit_queue, interval, Some(source))?)
+    };
+    if let Some(a) = audit.clone() {
+        power.on_frequency_change(move |c| a.core_frequency(&c));
+    }
     let (agent, warnings) = Agent::start(config, power, probes)?;
     for w in &warnings {
         tracing::warn!("{w}");
     }
     let agent = Arc::new(agent);
+    if let Some(source) = agent.sanctions() {
+        late_sanctions.bind(source);
+    }
+    // The latency guard, on the queue monitor's ticks (a monitor that cannot read its queues
+    // says why, and the guard does not act).
+    let view = agent.queue_view();
+    let stop_guard = Arc::new(AtomicBool::new(false));
+    agent.start_guard(view, move |m| if let Some(a) = &audit { a.guard_move(m) }, stop_guard.clone())?;
     if let Some((bootstrap, topic, node_id, interval)) = samples {
         cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone())?;
     }
     let result = run_server(agent.clone(), listen, tls);
     // Whatever ended the server (signal or error): what was acknowledged goes to the journal.
+    stop_guard.store(true, std::sync::atomic::Ordering::Relaxed);
     agent.shutdown();
     result
 }

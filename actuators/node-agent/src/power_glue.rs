@@ -11,6 +11,31 @@ use crate::power::{
     PowerManager, TraceSource, XmanMode,
 };
 
+/// A frequency switch the X-MAN loop decided on one core (the node micro-loop audit's
+/// SET_CORE_FREQUENCY).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoreFrequencyChange {
+    pub core: u32,
+    /// None: the loop had not set this core before.
+    pub from_khz: Option<u32>,
+    pub to_khz: u32,
+    /// "load", "fb" or "pinned_max".
+    pub mode: String,
+    /// Why, e.g. "TrendUp" (xman::Reason).
+    pub reason: String,
+    /// When, ns since the Unix epoch.
+    pub at_ns: u64,
+}
+
+fn mode_name(m: XmanMode) -> &'static str {
+    match m {
+        XmanMode::Off => "off",
+        XmanMode::Load => "load",
+        XmanMode::Feedback => "fb",
+        XmanMode::PinnedMax => "pinned_max",
+    }
+}
+
 pub struct Power {
     running: Result<PowerLoop, String>,
     /// Why X-MAN's load modes cannot run (no pinned counters), if so.
@@ -126,6 +151,28 @@ impl Power {
             managed_cores: settings.managed_cores.clone(),
             max_cstate_forbidden_cores: settings.max_cstate_forbidden_cores,
         }
+    }
+
+    /// Calls `f` for every core of every frequency switch X-MAN decides from then on (not the
+    /// switches a SetPowerPolicy makes: those are the caller's actions). `f` must not block.
+    pub fn on_frequency_change(&self, f: impl Fn(CoreFrequencyChange) + Send + 'static) {
+        let Ok(running) = &self.running else { return };
+        running.manager().observe_switches(Box::new(move |d, cores, mode| {
+            if d.reason == power::Reason::Policy {
+                return;
+            }
+            let at_ns = cgloop_proto::host::now_ns();
+            for &core in cores {
+                f(CoreFrequencyChange {
+                    core,
+                    from_khz: d.from_khz,
+                    to_khz: d.to_khz,
+                    mode: mode_name(mode).to_string(),
+                    reason: format!("{:?}", d.reason),
+                    at_ns,
+                });
+            }
+        }));
     }
 
     /// Checks a `forbid_cstates` change against the bounds; returns the cores to write.

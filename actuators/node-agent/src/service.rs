@@ -108,8 +108,8 @@ impl NodeAgentService for Service {
         call(&self.agent, move |a| a.set_impairment(&r)).await
     }
 
-    async fn protect_flows(&self, _r: Request<ProtectFlowsRequest>) -> Reply<ProtectFlowsResponse> {
-        // The node micro loop's latency guard (issue 19) is being built; until then say so.
-        Err(Status::unimplemented("ProtectFlows: the latency guard is not built yet"))
+    async fn protect_flows(&self, r: Request<ProtectFlowsRequest>) -> Reply<ProtectFlowsResponse> {
+        let r = r.into_inner();
+        call(&self.agent, move |a| a.protect_flows(&r)).await
     }
 }

@@ -96,8 +96,13 @@ struct PolicyState {
     functions: Vec<FunctionState>,
 }
 
+/// Told of every frequency switch (the decision, the cores of its policy, their mode); called
+/// on the loop's thread, so it must not block (the node micro-loop audit queues it).
+pub type SwitchObserver = Box<dyn Fn(&Decision, &[u32], XmanMode) + Send>;
+
 pub struct PowerManager {
     config: PowerConfig,
+    observer: Option<SwitchObserver>,
     backend: Cpufreq,
     counters: Box<dyn CounterSource>,
     policies: Vec<PolicyState>,
@@ -135,6 +140,7 @@ impl PowerManager {
         }
         let mut manager = Self {
             config,
+            observer: None,
             backend,
             counters,
             policies,
@@ -348,11 +354,20 @@ impl PowerManager {
         };
         state.applied_khz = Some(to_khz);
         state.last_switch_ns = Some(at_ns);
+        if let Some(observe) = &self.observer {
+            let mode = state.setting.as_ref().map_or(XmanMode::Off, |s| s.mode);
+            observe(&decision, &state.info.cpus, mode);
+        }
         self.decisions.push_back(decision);
         while self.decisions.len() > self.config.decision_log_len {
             self.decisions.pop_front();
         }
         Ok(())
+    }
+
+    /// Reports every later frequency switch to `observer`.
+    pub fn observe_switches(&mut self, observer: SwitchObserver) {
+        self.observer = Some(observer);
     }
 
     /// Current policies, one per hardware policy that has one.

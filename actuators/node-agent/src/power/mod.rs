@@ -24,7 +24,7 @@ pub use cpufreq::{Cpufreq, PolicyInfo, PolicyReading, SysfsWrite};
 pub use cpuidle::{Cpuidle, IdleState};
 pub use error::PowerError;
 pub use manager::{
-    ApplyReport, CorePolicy, CoreState, Decision, PowerLoop, PowerManager, XmanMode,
+    ApplyReport, CorePolicy, CoreState, Decision, PowerLoop, PowerManager, SwitchObserver, XmanMode,
 };
 pub use xman::Reason;
 

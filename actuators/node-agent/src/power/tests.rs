@@ -769,3 +769,25 @@ fn pinned_max_with_the_performance_governor_sets_limits_and_no_setspeed() {
     let load = CorePolicy { governor: "performance".into(), ..policy(&[0], XmanMode::Load, 0, 0) };
     assert!(m.apply_policy(&load, true).is_err());
 }
+
+/// The node micro-loop audit hears of every switch, with the policy's cores and mode.
+#[test]
+fn switches_are_reported_to_the_observer() {
+    let sysfs = FakeSysfs::new();
+    let mut trace = Trace::default();
+    trace.segment(100, MS, &[(1, 1000, 0), (3, 0, 0)]);
+    let (mut m, _) = manager(&sysfs, config(&sysfs, &[(1, 0), (3, 1)]), trace.build());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    m.observe_switches(Box::new(move |d, cores, mode| {
+        sink.lock().unwrap().push((d.policy, d.to_khz, d.reason, cores.to_vec(), mode));
+    }));
+    m.apply_policy(&policy(&[0, 1], XmanMode::Load, 0, 0), false).expect("apply");
+    run(&mut m, 100);
+    let seen = seen.lock().unwrap();
+    let decided: Vec<_> = m.decisions().map(|d| (d.policy, d.to_khz, d.reason)).collect();
+    let heard: Vec<_> = seen.iter().map(|(p, k, r, _, _)| (*p, *k, *r)).collect();
+    assert_eq!(heard, decided, "every switch is reported once");
+    assert!(seen.iter().any(|(_, _, r, _, _)| *r != Reason::Policy), "{seen:?}");
+    assert!(seen.iter().all(|(p, _, _, cores, mode)| cores == &vec![*p] && *mode == XmanMode::Load));
+}
