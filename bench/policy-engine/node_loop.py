@@ -26,13 +26,16 @@ from cgloop.policy.engine import Engine
 from cgloop.policy.guards import Budget
 from cgloop.policy.journal import Journal
 from cgloop.policy.testing import (
+    GAMING_LABELS,
     AgentBounds,
     AgentServer,
     ManualClock,
     MemoryNodeAgent,
+    classified,
     detection,
     flow,
     node_flow_move,
+    reprioritise_policy,
 )
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -41,16 +44,6 @@ S = 1_000_000_000
 FLOWS = 500
 MOVES = 10_000
 BATCH = 50
-LABELS = {"node_id": "node-a", "interface": "veth0", "class": "cloud_gaming", "platform": "std"}
-SLO_POLICY = """
-id: gaming
-match: {kinds: [slo_latency], subject: flow}
-action:
-  operation: reprioritise_flow
-  target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
-  parameters: {class_id: 0x10010, rewrite_dscp: 46}
-guards: {hold_time: 0s}
-"""
 
 
 def pct(values: list[float], q: float) -> float:
@@ -87,11 +80,7 @@ def bench_renewals(agent: AgentServer) -> None:
     longest = 0
     records = 0
     for _ in range(ticks):
-        dets = [
-            detection(clock(), kind=dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
-                      severity=dpb.SEVERITY_INFO, labels=LABELS, client=client(i))
-            for i in range(FLOWS)
-        ]
+        dets = [classified(clock(), client(i)) for i in range(FLOWS)]
         events = e.handle(dpb.DetectionBatch(records=dets))
         records += len(events)
         clock.advance(0.5)
@@ -118,7 +107,7 @@ def bench_renewals(agent: AgentServer) -> None:
 
 
 def bench_facts(agent: AgentServer) -> None:
-    (slo,) = model.parse_policies(SLO_POLICY)
+    (slo,) = model.parse_policies(reprioritise_policy())
     e = engine(agent, [slo])
     now = time.time_ns()
     moves = [
@@ -135,7 +124,7 @@ def bench_facts(agent: AgentServer) -> None:
         e.drain()
         observe.append((time.perf_counter_ns() - t) / BATCH)
     dets = [
-        detection(time.time_ns(), client=client(i % 10_000), labels=dict(LABELS))
+        detection(time.time_ns(), client=client(i % 10_000), labels=dict(GAMING_LABELS))
         for i in range(MOVES)
     ]
     refused = timed_decisions(e, dets)

@@ -22,6 +22,7 @@ from cgloop.policy.testing import (
     detection,
     flow,
     node_flow_move,
+    reprioritise_policy,
 )
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -31,18 +32,8 @@ from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
 MS = 1_000_000
 S = 1_000_000_000
 GAMING, BEST_EFFORT, DEMOTED = 0x10010, 0x10030, 0x10020
-REPRIORITISE = """
-id: gaming
-match: {kinds: [slo_latency], subject: flow}
-action:
-  operation: reprioritise_flow
-  target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
-  parameters: {class_id: 0x10010, rewrite_dscp: 46}
-guards: {hold_time: 0s}
-"""
-DEMOTE = REPRIORITISE.replace("id: gaming", "id: demote").replace(
-    "{class_id: 0x10010, rewrite_dscp: 46}", "{class_id: 0x10020, rewrite_dscp: 0}"
-).replace("slo_latency", "l4s_unresponsive_ecn")
+REPRIORITISE = reprioritise_policy()
+DEMOTE = reprioritise_policy("demote", "l4s_unresponsive_ecn", DEMOTED, 0)
 PROTECT = """
 id: protect
 match: {kinds: [gaming_flow_classified], subject: flow, severity_at_least: info}
@@ -248,7 +239,9 @@ def test_facts_survive_a_restart_and_are_never_republished(agent, tmp_path: Path
 
 def test_a_nodes_change_counts_for_the_cooldown_on_the_flow(agent) -> None:
     clock = ManualClock()
-    cooling = DEMOTE.replace("guards: {hold_time: 0s}", "guards: {hold_time: 0s, cooldown: 5s}")
+    cooling = reprioritise_policy(
+        "demote", "l4s_unresponsive_ecn", DEMOTED, 0, "{hold_time: 0s, cooldown: 5s}"
+    )
     engine = make(agent, policies(cooling), clock)
     engine.observe(node_move(agent, GAMING, 46, None, clock()))  # verified at once
     clock.advance(1)

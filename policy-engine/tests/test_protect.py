@@ -8,28 +8,26 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from cgloop.policy import model
+from cgloop.policy import model, testing
 from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
 from cgloop.policy.guards import Budget
 from cgloop.policy.journal import Journal
-from cgloop.policy.testing import AgentServer, ManualClock, MemoryNodeAgent, detection, flow
+from cgloop.policy.testing import (
+    AgentServer,
+    ManualClock,
+    MemoryNodeAgent,
+    detection,
+    flow,
+    reprioritise_policy,
+)
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
 
 S = 1_000_000_000
-LABELS = {"node_id": "node-a", "interface": "veth0", "class": "cloud_gaming", "platform": "std"}
-REPRIORITISE = """
-id: gaming
-match: {kinds: [slo_latency], subject: flow}
-action:
-  operation: reprioritise_flow
-  target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
-  parameters: {class_id: 0x10010, rewrite_dscp: 46}
-guards: {hold_time: 10s, cooldown: 5s}
-"""
+REPRIORITISE = reprioritise_policy(guards="{hold_time: 10s, cooldown: 5s}")
 
 
 @pytest.fixture
@@ -43,13 +41,7 @@ def shipped() -> list[model.Policy]:
 
 
 def classified(now: int, port: int = 40000, **labels: str) -> dpb.Detection:
-    return detection(
-        now,
-        kind=dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
-        severity=dpb.SEVERITY_INFO,
-        labels={**LABELS, **labels},
-        flow=flow(port=port),
-    )
+    return testing.classified(now, port=port, **labels)
 
 
 def engine_for(agent: AgentServer, policies, clock, **kw) -> Engine:

@@ -132,10 +132,7 @@ def node_flow_move(
     action_id = action_id or str(uuid.uuid4())
     source = f"{node_id}/node-agent"
     action = apb.Action(
-        header=RecordHeader(
-            schema_version=SCHEMA_VERSION, source_id=source, sequence=next(_seq),
-            timestamp_ns=at_ns,
-        ),
+        header=_header(source, at_ns),
         id=action_id,
         level=apb.ACTION_LEVEL_NODE,
         operation=apb.ACTION_OPERATION_REPRIORITISE_FLOW,
@@ -149,10 +146,7 @@ def node_flow_move(
     if previous is not None:
         prev.class_id = previous
     result = apb.ActionResult(
-        header=RecordHeader(
-            schema_version=SCHEMA_VERSION, source_id=source, sequence=next(_seq),
-            timestamp_ns=at_ns,
-        ),
+        header=_header(source, at_ns),
         action_id=action_id,
         state=apb.ACTION_STATE_APPLIED,
         applied_ns=at_ns,
@@ -163,3 +157,44 @@ def node_flow_move(
     batch.events.add(action=action)
     batch.events.add(result=result)
     return batch
+
+
+def _header(source_id: str, at_ns: int) -> RecordHeader:
+    return RecordHeader(
+        schema_version=SCHEMA_VERSION, source_id=source_id, sequence=next(_seq), timestamp_ns=at_ns
+    )
+
+
+GAMING_LABELS = {
+    "node_id": "node-a", "interface": "veth0", "class": "cloud_gaming", "platform": "std",
+}
+
+
+def classified(now_ns: int, client: str = CLIENT, port: int = 40000, **labels: str):
+    """The classifier's detection of a cloud-gaming flow (every check while it is seen)."""
+    return detection(
+        now_ns,
+        kind=dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
+        severity=dpb.SEVERITY_INFO,
+        labels={**GAMING_LABELS, **labels},
+        flow=flow(client, port),
+    )
+
+
+def reprioritise_policy(
+    policy_id: str = "gaming",
+    kind: str = "slo_latency",
+    class_id: int = 0x10010,
+    dscp: int = 46,
+    guards: str = "{hold_time: 0s}",
+) -> str:
+    """A reprioritise_flow policy on the node and interface the detection labels name."""
+    return f"""
+id: {policy_id}
+match: {{kinds: [{kind}], subject: flow}}
+action:
+  operation: reprioritise_flow
+  target: {{node_id: "{{label:node_id}}", interface_name: "{{label:interface}}"}}
+  parameters: {{class_id: {class_id:#x}, rewrite_dscp: {dscp}}}
+guards: {guards}
+"""
