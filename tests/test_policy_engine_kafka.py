@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,32 @@ guards:
 def _policy(run: str) -> model.Policy:
     (p,) = model.parse_policies(_policy_text(run))
     return p
+
+
+@contextlib.contextmanager
+def _engine_running(
+    agent: AgentServer, bootstrap: str, run: str, tmp_path: Path, group: str | None = None
+) -> Iterator[Engine]:
+    """This run's engine (its policy, source id and journal) in `service.run` on a thread, as
+    `cgloop policy run` runs it; stopped, and checked stopped, on exit."""
+    engine = Engine(
+        [_policy(run)],
+        Router(NodeAgentActuator({"node-a": agent.address})),
+        journal=Journal(tmp_path / "journal.jsonl"),
+        source_id=f"policy-engine-{run}",
+        apply_async=True,
+    )
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=service.run, args=(engine, bootstrap, stop, group or f"policy-{run}"), daemon=True
+    )
+    worker.start()
+    try:
+        yield engine
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
 
 
 def _wait(condition, timeout_s: float, what: str, engine: Engine | None = None) -> None:
@@ -439,27 +466,13 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     good = detection(time.time_ns(), client="10.79.0.2", labels=labels)
     producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[good]), key=run)
     producer.flush()
-    stop = threading.Event()
-    with AgentServer(MemoryNodeAgent("node-a")) as agent:
-        engine = Engine(
-            [_policy(run)],
-            Router(NodeAgentActuator({"node-a": agent.address})),
-            journal=Journal(tmp_path / "journal.jsonl"),
-            source_id=f"policy-engine-{run}",
-            apply_async=True,
-        )
-        worker = threading.Thread(
-            target=service.run, args=(engine, bootstrap, stop, group), daemon=True
-        )
-        worker.start()
-        try:
-            _wait(lambda: agent.agent.changes >= 1, 60, "the good detection's action", engine)
-            _wait(lambda: not engine.busy, 10, "the engine idle", engine)
-        finally:
-            stop.set()
-            worker.join(30)
-        assert not worker.is_alive()
-        assert agent.agent.changes == 1
+    with (
+        AgentServer(MemoryNodeAgent("node-a")) as agent,
+        _engine_running(agent, bootstrap, run, tmp_path, group) as engine,
+    ):
+        _wait(lambda: agent.agent.changes >= 1, 60, "the good detection's action", engine)
+        _wait(lambda: not engine.busy, 10, "the engine idle", engine)
+    assert agent.agent.changes == 1
     # (The group also reads other tests' detections on this module's broker: none match.)
     (entry,) = engine.journal.entries.values()
     assert list(entry.action.reason_detection_ids) == [good.id]
@@ -648,34 +661,20 @@ def test_a_nodes_own_change_is_a_fact_the_engine_verifies_and_does_not_repeat(
     client = "10.77.0.12"
     labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
     producer = BatchProducer(bootstrap)
-    stop = threading.Event()
-    with AgentServer(MemoryNodeAgent("node-a")) as agent:
-        engine = Engine(
-            [_policy(run)],
-            Router(NodeAgentActuator({"node-a": agent.address})),
-            journal=Journal(tmp_path / "journal.jsonl"),
-            source_id=f"policy-engine-{run}",
-            apply_async=True,
-        )
-        worker = threading.Thread(
-            target=service.run, args=(engine, bootstrap, stop, f"policy-{run}"), daemon=True
-        )
-        worker.start()
-        try:
-            move = node_flow_move(0x10010, 46, None, time.time_ns(), ft=flow(client))
-            node_action = move.events[0].action
-            producer.send(ACTIONS.name, move, key=node_action.id)
-            producer.flush()
-            _wait(lambda: engine.facts.stats.node_flow_classes == 1, 60, "the node's fact", engine)
-            det = detection(time.time_ns(), client=client, labels=labels)
-            producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=run)
-            producer.flush()
-            _wait(lambda: engine.facts.stats.node_held == 1, 60, "the engine's decision", engine)
-        finally:
-            stop.set()
-            worker.join(30)
-        assert not worker.is_alive()
-        assert agent.agent.changes == 0  # the engine sent the agent nothing
+    with (
+        AgentServer(MemoryNodeAgent("node-a")) as agent,
+        _engine_running(agent, bootstrap, run, tmp_path) as engine,
+    ):
+        move = node_flow_move(0x10010, 46, None, time.time_ns(), ft=flow(client))
+        node_action = move.events[0].action
+        producer.send(ACTIONS.name, move, key=node_action.id)
+        producer.flush()
+        _wait(lambda: engine.facts.stats.node_flow_classes == 1, 60, "the node's fact", engine)
+        det = detection(time.time_ns(), client=client, labels=labels)
+        producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=run)
+        producer.flush()
+        _wait(lambda: engine.facts.stats.node_held == 1, 60, "the engine's decision", engine)
+    assert agent.agent.changes == 0  # the engine sent the agent nothing
 
     assert engine.stats.refused == 0
 
