@@ -253,3 +253,18 @@ def test_a_nodes_change_counts_for_the_cooldown_on_the_flow(agent) -> None:
     det = detection(clock(), kind=dpb.DETECTION_KIND_L4S_UNRESPONSIVE_ECN)
     events = engine.handle(dpb.DetectionBatch(records=[det]))
     assert apb.ACTION_STATE_APPLIED in [r.state for r in of(events, "result")]
+
+
+def test_a_delivered_verification_is_not_republished_after_compaction(agent, tmp_path) -> None:
+    clock = ManualClock()
+    path = tmp_path / "journal.jsonl"
+    engine = make(agent, policies(REPRIORITISE), clock, journal=Journal(path))
+    engine.observe(node_move(agent, GAMING, 46, None, clock()))
+    published = engine.drain()
+    engine.delivered(published)  # Kafka acknowledged the engine's verification
+    engine.journal.compact()
+    engine.journal.close()
+    again = make(agent, policies(REPRIORITISE), clock, journal=Journal(path))
+    assert again.drain() == []
+    assert len(again.journal.entries) == 1  # the fact, still known
+    again.journal.close()
