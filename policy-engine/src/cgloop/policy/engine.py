@@ -318,6 +318,8 @@ class Engine:
             return
         if refusal is None and p.action.operation is Operation.PROTECT_FLOW:
             standing = self.leases.standing(tkey, action.protect_flow, now)
+            if standing is not Standing.NEW and tkey in self.guards.in_flight:
+                standing = Standing.FRESH  # the renewal or retry on its way answers for this one
             if standing is Standing.FRESH:
                 self.stats.renewals_skipped += 1
                 return
