@@ -193,22 +193,21 @@ def test_a_dry_run_policy_records_what_it_would_send(agent: AgentServer) -> None
     assert engine.leases.live(key, clock()) is None
 
 
-def test_a_renewal_in_flight_is_not_sent_again() -> None:
-    """A slow agent: the renewal takes longer than the classifier's next check; the detections
-    meanwhile are dropped, not refused as `in_flight`."""
+def test_a_protection_in_flight_is_not_sent_again() -> None:
+    """A slow agent: a protection (the first, or its renewal) takes longer than the
+    classifier's next check; the detections meanwhile are dropped, not refused as in_flight."""
     agent = MemoryNodeAgent("node-a")
     with AgentServer(agent) as server:
         clock = ManualClock()
         engine = engine_for(server, shipped(), clock, apply_async=True)
-        engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
-        engine.finish_applies()
-        clock.advance(16)  # past half the ttl: the next detection renews
         agent.apply_delay_s = 0.5
-        for _ in range(3):
-            events = engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
-            assert not [e for e in events if e.HasField("result")
-                        and e.result.state == apb.ACTION_STATE_REFUSED], events
-            clock.advance(0.1)
-        engine.finish_applies()
+        for at in (0, 16):  # the first protection, then its renewal (past half the ttl)
+            clock.now_ns += at * S
+            for _ in range(3):
+                events = engine.handle(dpb.DetectionBatch(records=[classified(clock())]))
+                assert not [e for e in events if e.HasField("result")
+                            and e.result.state == apb.ACTION_STATE_REFUSED], events
+                clock.advance(0.1)
+            engine.finish_applies()
         assert [m for m, _ in agent.calls].count("ProtectFlows") == 2
         assert engine.stats.renewals == 1

@@ -318,8 +318,10 @@ class Engine:
             return
         if refusal is None and p.action.operation is Operation.PROTECT_FLOW:
             standing = self.leases.standing(tkey, action.protect_flow, now)
-            if standing is not Standing.NEW and tkey in self.guards.in_flight:
-                standing = Standing.FRESH  # the renewal or retry on its way answers for this one
+            if tkey in self.guards.in_flight:
+                # A protect_flow of the flow is on its way: it answers for this detection too
+                # (new terms, if any, are sent on a detection after it).
+                standing = Standing.FRESH
             if standing is Standing.FRESH:
                 self.stats.renewals_skipped += 1
                 return
