@@ -25,10 +25,10 @@ migrate(client)
 ONSET, MS = 1_800_000_000_000_000_000, 1_000_000
 seq = iter(range(1, 100))
 
-def action(src, aid, t, level, op, sport, dport, reasons=()):
+def action(src, aid, t, level, op, sport, dport, reasons=(), cause=""):
     return a.ActionEvent(action=a.Action(
         header=c.RecordHeader(source_id=src, sequence=next(seq), timestamp_ns=t, schema_version=1),
-        id=aid, level=level, operation=op, reason_detection_ids=list(reasons),
+        id=aid, level=level, operation=op, reason_detection_ids=list(reasons), cause=cause,
         target=a.ActionTarget(node_id="edge", interface_name="cpe", flow=c.FiveTuple(
             src_addr=bytes([10, 0, 0, 1]), dst_addr=bytes([10, 0, 0, 2]),
             src_port=sport, dst_port=dport, ip_protocol=17)),
@@ -43,14 +43,18 @@ node, engine = "edge/node-agent", "policy-engine/run1"  # noqa: F841
 events = [
     # before the fault: not the fault's
     action(node, "n0", ONSET - 50 * MS, a.ACTION_LEVEL_NODE,
-           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104),
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104, cause="promoted: x"),
+    # the guard releasing an earlier flow as the fault starts: listed, not a lever
+    action(node, "n00", ONSET + 5 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49004, 49004, cause="released: class 1:10"),
     # the abuser sanctioned 31 ms after onset (its record written at the audit interval's end,
     # its result says when it was applied), then the guard promoting the gaming flow
     action(node, "n1", ONSET + 40 * MS, a.ACTION_LEVEL_NODE,
            a.ACTION_OPERATION_QUEUE_PROTECTION_SANCTION, 51004, 51004),
     result(node, "n1", ONSET + 40 * MS, ONSET + 31 * MS),
     action(node, "n2", ONSET + 45 * MS, a.ACTION_LEVEL_NODE,
-           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104),
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104,
+           cause="promoted: class 1:10 queue delay 10.5 ms >= guard 10.00 ms"),
     # the engine's action, 150 ms after onset, from a detection
     action(engine, "g1", ONSET + 150 * MS, a.ACTION_LEVEL_MICRO,
            a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104, reasons=["d1"]),
@@ -85,6 +89,7 @@ def test_first_lever_and_its_level(tmp_path: Path) -> None:
     local = out["local"]
     # only the fault's span, each at its applied time, sanction and promotion apart
     assert local["node_actions"] == [
+        [5.0, "release", "49004>49004"],
         [31.0, "queue_protection_sanction", "51004>51004"],
         [45.0, "reprioritise_flow", "49104>49104"],
     ]

@@ -75,9 +75,11 @@ class EdgePlan:
         bps = int(self.link_mbit * 1e6)
         burst = 64 * 1024
 
-        def cls(name: str, cid: int, parent: int, rate: int, prio: int) -> na.HtbClass:
+        def cls(
+            name: str, cid: int, parent: int, rate: int, prio: int, ceil: int = bps
+        ) -> na.HtbClass:
             return na.HtbClass(
-                name=name, class_id=cid, parent_class_id=parent, rate_bps=rate, ceil_bps=bps,
+                name=name, class_id=cid, parent_class_id=parent, rate_bps=rate, ceil_bps=ceil,
                 priority=prio, burst_bytes=burst, cburst_bytes=burst,
             )
 
@@ -93,9 +95,12 @@ class EdgePlan:
                 cls("gaming", GAMING_CLASS, LINK_CLASS, bps * 6 // 10, 0),
                 cls("demoted", DEMOTED_CLASS, LINK_CLASS, bps * 5 // 100, 4),
                 # HTB priority orders borrowing only: an L4S flow past its 10 % guarantee
-                # borrows before best effort but after gaming, so an ECT(1) flood can never
-                # take gaming's share; it builds its own queue, which queue protection judges.
-                cls("l4s", L4S_CLASS, LINK_CLASS, bps // 10, 1),
+                # borrows before best effort but after gaming, so an ECT(1) flood never takes
+                # gaming's share. Its ceiling is half the link (as DualPI2 keeps a share for
+                # the classic queue): best effort keeps the other half, and a flood beyond it
+                # builds the L4S queue, which queue protection judges (with the link as ceiling
+                # an unresponsive flood took best effort's bandwidth and never queued at all).
+                cls("l4s", L4S_CLASS, LINK_CLASS, bps // 10, 1, ceil=bps // 2),
             ],
         )
 
@@ -160,7 +165,9 @@ def agent_toml(
         # would pass 5 ms and promote it with no fault at all (then release, and again)
         "guard_fraction = 0.5",
         "release_fraction = 0.05",
-        "hold_ms = 2000",
+        # a promoted flow stays at least 5 s: the guard releases on one tick under 1 ms, and
+        # a flood's queue read that low for an instant in the lab (then promoted 60 ms later)
+        "hold_ms = 5000",
         "max_changes_per_s = 20",
         # sanctions are aggregated per flow over this interval: a finer one than the default
         # 100 ms, so the abuser's time to its first sanction is known within 20 ms

@@ -191,6 +191,9 @@ def loop_timeline(client, onset: int, end: int, run_source: str) -> dict:
 # What the node's micro loop records (cgloop.actions.v1, level NODE); the agent's header source.
 SANCTION = "queue_protection_sanction"
 PROMOTION = "reprioritise_flow"
+# The latency guard's releases are REPRIORITISE_FLOW too; its cause says which (`released: …`).
+RELEASED = "released"
+RELEASE = "release"
 
 
 NODE_FIELDS = ("node_actions", "first_sanction_ns", "first_promotion_ns")
@@ -204,8 +207,8 @@ def node_timeline(client, onset: int, end: int, node: str) -> dict:
     """The agent's own actions applied in [onset, end): sanctions, promotions, frequency."""
     rows = client.query(
         "SELECT a.id, a.operation, a.time, a.target_flow_src_port, a.target_flow_dst_port, "
-        "r.applied FROM (SELECT id, operation, time, target_flow_src_port, target_flow_dst_port "
-        "FROM cgloop.actions FINAL WHERE source_id = {src:String} "
+        "r.applied, a.cause FROM (SELECT id, operation, time, target_flow_src_port, "
+        "target_flow_dst_port, cause FROM cgloop.actions FINAL WHERE source_id = {src:String} "
         "AND level = 'ACTION_LEVEL_NODE' AND time >= fromUnixTimestamp64Nano({a:Int64}) "
         "AND time < fromUnixTimestamp64Nano({b:Int64})) AS a "
         "LEFT JOIN (SELECT action_id, max(applied) AS applied FROM cgloop.action_results FINAL "
@@ -213,12 +216,16 @@ def node_timeline(client, onset: int, end: int, node: str) -> dict:
         parameters={"src": node_source(node), "a": onset, "b": end},
     ).result_rows
     out: dict = {"node_actions": []}
-    for _, op, t, sport, dport, applied in rows:
+    for _, op, t, sport, dport, applied, cause in rows:
         at = _ns(applied) or _ns(t)
         if at is None:
             continue
         op = _short(op, "ACTION_OPERATION_")
+        if op == PROMOTION and cause.startswith(RELEASED):
+            op = RELEASE
         out["node_actions"].append((round((at - onset) / 1e6, 1), op, f"{sport}>{dport}"))
+        if op == RELEASE:
+            continue  # the guard undoing a promotion: not a lever against the fault
         key = {SANCTION: "first_sanction_ns", PROMOTION: "first_promotion_ns"}.get(op)
         if key and key not in out:
             out[key] = at
