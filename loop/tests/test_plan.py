@@ -127,3 +127,19 @@ def test_recovery_from_ground_truth() -> None:
     assert recovery([_packets([3.0] * 300)], 0, 3000 * ms, 20) == (False, None)
     # bad until the end: affected, not recovered
     assert recovery([_packets([3.0] * 100 + [90.0] * 200)], 0, 3000 * ms, 20) == (True, None)
+
+
+def test_a_late_generator_moves_the_onset_to_its_first_packet() -> None:
+    from cgloop.lab.scenario import FaultEvent
+    from cgloop.loop.report import effective_onset
+
+    def event(detail: dict) -> FaultEvent:
+        return FaultEvent(id="f", kind="ect1_abuse", spec={}, onset_ns=1_000, apply_ms=0,
+                          detail=detail)
+
+    # the abuser's sender started 2.8 s late on a loaded machine: the fault began then
+    assert effective_onset(event({"up": {"first_send_ns": 2_800_001_000}})) == 2_800_001_000
+    assert effective_onset(event({"first_packet_ns": 5_000})) == 5_000
+    # on time, or nothing known (a tc fault): the scheduled onset
+    assert effective_onset(event({"up": {"first_send_ns": 900}})) == 1_000
+    assert effective_onset(event({"from_mbit": 100})) == 1_000

@@ -54,6 +54,9 @@ class FaultOutcome(BaseModel):
     kind: str
     onset_ns: int
     end_ns: int
+    # how much later than scheduled the fault's generator really sent its first packet (a
+    # Python generator starting on a loaded machine); onset_ns is that first packet
+    late_start_ms: float = 0.0
     # ground truth: did the fault push any gaming flow's p99 over the SLO, and when it was
     # back under (None: affected until the fault ended)
     affected: bool = False
@@ -133,6 +136,16 @@ def _ns(x) -> int | None:
     else:
         ns = round(float(x) * 1e9)
     return ns if ns > 0 else None
+
+
+def effective_onset(ev: FaultEvent) -> int:
+    """When the fault really began: a generator fault's first packet when it left later than
+    its scheduled onset (its sender's first send, else the first packet its receiver saw)."""
+    up = ev.detail.get("up") if isinstance(ev.detail.get("up"), dict) else {}
+    for first in (up.get("first_send_ns"), ev.detail.get("first_packet_ns")):
+        if isinstance(first, int) and first > ev.onset_ns:
+            return first
+    return ev.onset_ns
 
 
 # Detections are looked for from this long before onset: a fault can be seen as it is applied.
@@ -274,20 +287,22 @@ def build_report(
     time.sleep(2)  # the detections/actions topics flush on their own batch timers
     for trial, events, packets in trials:
         for ev in events:
-            end = ev.end_ns or ev.onset_ns
-            span = end - ev.onset_ns
-            affected, recovered = recovery(packets, ev.onset_ns, end, slo_ms)
-            timeline = loop_timeline(client, ev.onset_ns, end, run_source)
-            local = node_timeline(client, ev.onset_ns, end, node)
+            onset = effective_onset(ev)
+            end = max(ev.end_ns or onset, onset)
+            span = end - onset
+            affected, recovered = recovery(packets, onset, end, slo_ms)
+            timeline = loop_timeline(client, onset, end, run_source)
+            local = node_timeline(client, onset, end, node)
             o = FaultOutcome(
-                trial=trial, fault=ev.id, kind=ev.kind, onset_ns=ev.onset_ns, end_ns=end,
-                affected=affected, recovered_ns=recovered,
+                trial=trial, fault=ev.id, kind=ev.kind, onset_ns=onset, end_ns=end,
+                late_start_ms=(onset - ev.onset_ns) / 1e6, affected=affected,
+                recovered_ns=recovered,
                 **{k: v for k, v in timeline.items() if k != "level"},
                 **{k: v for k, v in local.items() if k in NODE_FIELDS},
-                **first_lever(timeline, local, ev.onset_ns),
+                **first_lever(timeline, local, onset),
             )
-            o.before = _worst(packets, ev.onset_ns - span, ev.onset_ns)
-            o.during = _worst(packets, ev.onset_ns, end)
+            o.before = _worst(packets, onset - span, onset)
+            o.during = _worst(packets, onset, end)
             o.after = _worst(packets, end + 1_000_000_000, end + 1_000_000_000 + span)
             faults.append(o)
     counts = {}
