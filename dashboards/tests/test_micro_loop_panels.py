@@ -36,6 +36,7 @@ for i, (drops, p99_us, acting, reason) in enumerate(
         timestamp_ns=T0 + i * 10**9))
     s.queues.add(interface_name="cpe", class_id=0x10010, class_name="best-effort",
                  drops=drops, overlimits=100 * i, sojourn_p99_ns=p99_us * 1000,
+                 backlog_bytes=1_000 * (4 - i), max_backlog_bytes=5_000 * (i % 3),
                  sojourn_max_ns=p99_us * 2000, qprot_sanctioned_packets=i,
                  ce_marked_packets=2 * i)
     s.queues.add(interface_name="cpe", class_id=0x10040, class_name="l4s", drops=5)
@@ -75,6 +76,7 @@ print(json.dumps(out, default=str))
 
 PANELS = [
     "Drops and overlimits per class",
+    "Queue backlog per class",
     "Queue delay per class (measured sojourn p99 / max)",
     "Queue protection sanctions and CE marks per class",
     "Micro loop status",
@@ -109,6 +111,11 @@ def test_queue_and_level_panels_on_crafted_samples(tmp_path) -> None:
     delay = {r["class"]: r for r in out["Queue delay per class (measured sojourn p99 / max)"]}
     assert float(delay["node-a cpe 1:10 (best-effort)"]["p99_us"]) == 4_000.0
     assert float(delay["node-a cpe 1:10 (best-effort)"]["max_us"]) == 8_000.0
+
+    backlog = {r["class"]: r for r in out["Queue backlog per class"]}
+    # the largest 1 ms sample of the range, and the backlog at the last sample (not any other)
+    assert int(backlog["node-a cpe 1:10 (best-effort)"]["max_backlog_bytes"]) == 10_000
+    assert int(backlog["node-a cpe 1:10 (best-effort)"]["backlog_bytes"]) == 1_000
 
     marks = {r["class"]: r for r in out["Queue protection sanctions and CE marks per class"]}
     assert int(marks["node-a cpe 1:10 (best-effort)"]["sanctioned_packets"]) == 0 + 1 + 2 + 3

@@ -59,7 +59,8 @@ def queue_panels(d: db.Dashboard, lay: Layout, node_filter: str) -> None:
                 "Queue backlog per class",
                 f"SELECT $__timeInterval(time) AS time, {_CLASS} AS class,"
                 " max(max_backlog_bytes) AS max_backlog_bytes,"
-                " argMax(backlog_bytes, time) AS backlog_bytes"
+                # the sample's time, not the bucket `time` names in this SELECT
+                " argMax(backlog_bytes, node_queues.time) AS backlog_bytes"
                 f" FROM cgloop.node_queues WHERE {where}"
                 " GROUP BY time, class ORDER BY time",
                 "decbytes",
