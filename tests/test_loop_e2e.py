@@ -81,6 +81,14 @@ def expected_verdict(kind: str, action: str | None) -> str | None:
             return verdict
     return EXPECTED_VERDICT[kind]
 
+def refused_after_the_node(f) -> bool:
+    """The engine's move of a gaming flow, refused because the node's guard had moved it."""
+    return (
+        f.verdict == "refused" and "class_id=65568" in (f.action or "")  # 0x00010020 gaming
+        and f.first_promotion_ns is not None and f.first_promotion_ns <= (f.decision_ns or 0)
+    )
+
+
 # Panels with no source in the lab: it has no INT switch, and no component produces node
 # samples (CPU frequency, power) yet; both are filled by their own tests' records
 # (dashboards/tests).
@@ -191,18 +199,19 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     sanctioned = [s for _, op, s in abuse.node_actions if op == "queue_protection_sanction"]
     assert abuse.first_sanction_ns is not None, abuse.model_dump_json(indent=1)
     assert any(abuser_port in s for s in sanctioned), (abuser_port, abuse.node_actions)
-    # Whatever the global loop still did verified as expected (the engine takes the node's
-    # actions as facts: where the node has moved the flow, it orders nothing).
+    # Whatever the global loop still did verified as expected. The engine takes the node's
+    # actions as facts: a move of a flow the guard has already moved is refused, not sent.
     wrong = [
         (f.kind, f.action, f.verdict)
         for f in report.faults
-        if f.action is not None and f.verdict != expected_verdict(f.kind, f.action)
+        if f.action is not None and not refused_after_the_node(f)
+        and f.verdict != expected_verdict(f.kind, f.action)
     ]
     assert not wrong, f"verdicts {wrong}, expected {EXPECTED_VERDICT} (gaps {KNOWN_GAPS}); " + (
         "the engine's checks:\n" + verifications(loop_stack.store_http_url)
     )
     for f in report.faults:
-        if f.action is not None:
+        if f.action is not None and not refused_after_the_node(f):
             assert f.applied_ns is not None and f.onset_ns <= f.applied_ns <= f.end_ns, (
                 f.model_dump_json(indent=1)
             )
