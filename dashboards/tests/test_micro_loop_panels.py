@@ -63,14 +63,20 @@ step_ms = 10_000
 variables = {"node": Variable("node", ["node-a"], True, is_all=True)}
 models = {m: json.loads(t) for m, t in render().items()}
 out = {}
+
+
+def run(panel, rng, key):
+    sql = interpolate(panel["targets"][0]["rawSql"], variables, rng, step_ms)
+    out[key] = [dict(r) for r in client.query(expand_macros(sql, rng, step_ms)).named_results()]
+
+
 for model in models.values():
     for panel in model["panels"]:
         if panel["title"] in sys.argv[2:]:
-            sql = expand_macros(
-                interpolate(panel["targets"][0]["rawSql"], variables, rng, step_ms), rng, step_ms
-            )
-            out[panel["title"]] = client.query(sql).named_results()
-            out[panel["title"]] = [dict(r) for r in out[panel["title"]]]
+            run(panel, rng, panel["title"])
+            # A range that starts inside a bucket (T0 + 2 s; the bucket starts at T0): the
+            # samples from its start on count, not only those of buckets that start in it.
+            run(panel, TimeRange(T0 + 2 * 10**9, T0 + 7 * 10**9), "late " + panel["title"])
 print(json.dumps(out, default=str))
 """
 
@@ -98,7 +104,16 @@ def _run(tmp_path) -> dict:
 
 def test_queue_and_level_panels_on_crafted_samples(tmp_path) -> None:
     out = _run(tmp_path)
-    assert set(out) == set(PANELS)
+    assert {k for k in out if not k.startswith("late ")} == set(PANELS)
+    # From T0 + 2 s: samples 2 and 3 of 1:10 (p99 900 and 700 us), none of those before.
+    late = {r["class"]: r for r in out["late Queue delay per class (measured sojourn p99 / max)"]}
+    assert float(late["node-a cpe 1:10 (best-effort)"]["p99_us"]) == 900.0
+    late = {r["class"]: r for r in out["late Queue backlog per class"]}
+    assert int(late["node-a cpe 1:10 (best-effort)"]["max_backlog_bytes"]) == 10_000
+    assert (
+        out["late Micro loop status"]
+        and out["late Queue protection sanctions and CE marks per class"]
+    )
 
     counters = {r["class"]: r for r in out["Drops and overlimits per class"]}
     # 10 -> 15 (+5) -> 3 (re-created: 0) -> 11 (+8): 13 drops in the 10 s bucket; the l4s

@@ -505,7 +505,7 @@ def nodes() -> db.Dashboard:
                 "SELECT $__timeInterval(time) AS time,"
                 " concat('switch ', toString(switch_id), ' port ', toString(egress_port),"
                 " ' q', toString(queue_id)) AS queue, max(queue_latency_ns) / 1e3 AS delay_us"
-                " FROM cgloop.int_queue_records WHERE $__timeFilter(time)"
+                " FROM cgloop.int_queue_records WHERE $__timeFilter(int_queue_records.time)"
                 " GROUP BY time, queue ORDER BY time",
                 "µs",
             ),
@@ -520,7 +520,7 @@ def nodes() -> db.Dashboard:
                 "SELECT $__timeInterval(time) AS time,"
                 " concat('switch ', toString(switch_id), ' port ', toString(egress_port),"
                 " ' q', toString(queue_id)) AS queue, max(queue_occupancy_cells) AS cells"
-                " FROM cgloop.int_queue_records WHERE $__timeFilter(time)"
+                " FROM cgloop.int_queue_records WHERE $__timeFilter(int_queue_records.time)"
                 " GROUP BY time, queue ORDER BY time",
                 "none",
             ),

@@ -38,7 +38,9 @@ def _delta(counter: str) -> str:
 
 def queue_panels(d: db.Dashboard, lay: Layout, node_filter: str) -> None:
     """The nodes dashboard's queue panels and the micro loop's status, for `node_filter`."""
-    where = f"$__timeFilter(time) AND {node_filter}"
+    # The sample's time: plain `time` in these SELECTs names the interval bucket, which starts
+    # before the range when the range starts inside it (its first samples would be left out).
+    where = f"$__timeFilter(node_queues.time) AND {node_filter}"
     d.with_panel(
         lay.place(
             series(
@@ -117,7 +119,7 @@ def queue_panels(d: db.Dashboard, lay: Layout, node_filter: str) -> None:
                 " AS queue_sample_age_ms,"
                 " argMax(micro_loop.protected_flows, time) AS protected_flows,"
                 " countIf(NOT micro_loop.acting) AS samples_not_acting, count() AS samples"
-                f" FROM cgloop.node_samples WHERE {where}"
+                f" FROM cgloop.node_samples WHERE $__timeFilter(time) AND {node_filter}"
                 " GROUP BY node_id ORDER BY node_id",
             ),
             12,
