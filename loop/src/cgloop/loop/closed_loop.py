@@ -70,6 +70,9 @@ class LoopOptions:
 
     enabled: bool = True
     micro_loop: bool = True
+    # the engine takes the node's own actions as facts (verifies, may roll them back); off, it
+    # ignores them (the benchmark's control for what its verification of node moves does)
+    node_facts: bool = True
     latency_slo_ms: float = 20.0
     # how long a breach lasts before it fires: flow-record metrics (throughput, loss, jitter;
     # a record per 100 ms) and latency (probes every 10 ± 5 ms and their overdue notices)
@@ -243,6 +246,7 @@ class ClosedLoop:
                 "--journal", str(self.loop_dir / "policy-journal.jsonl"),
                 "--group", policy_group,
                 "--source-id", self.policy_source,
+                *(() if o.node_facts else ("--no-node-facts",)),
             ], env=env)
             s.wait_for(policy, group_ready(self.settings.bootstrap_servers, policy_group), 90)
             say("policy engine")
