@@ -980,3 +980,74 @@ def test_power_rpcs_name_the_missing_cpufreq(lab):
         lab.stub().GetPowerState(na.GetPowerStateRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "cpufreq" in err.value.details()
+
+
+def test_the_memory_agent_protects_flows_as_the_real_agent_does(lab):
+    """ProtectFlows (the node micro loop's latency guard): the policy engine's double
+    (cgloop.policy.fake_guard) refuses what the real agent refuses, with the same status code
+    and a message naming the same field, and both read back the same protections."""
+    from cgloop.policy.testing import AgentBounds, AgentServer, MemoryNodeAgent
+
+    real = lab.stub()
+    apply(real, lab)
+    probe = na.ProtectFlowsRequest(action_id="probe", dry_run=True)  # no flows: refused
+    try:
+        real.ProtectFlows(probe, timeout=10)
+    except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+            pytest.skip("this agent build has no latency guard yet (ProtectFlows unimplemented)")
+    fake_agent = MemoryNodeAgent(
+        "fake", bounds=AgentBounds(interfaces=[lab.if_a]), hierarchies=[hierarchy(lab.if_a)]
+    )
+
+    def pf(**kw) -> na.ProtectedFlow:
+        fields = dict(
+            interface_name=lab.if_a, flow=lab.flow(5004, 40000), latency_slo_ns=20_000_000,
+            class_id=GAMING, rewrite_dscp=46, ttl_ns=30_000_000_000,
+        )
+        fields.update(kw)
+        return na.ProtectedFlow(**fields)
+
+    invalid, denied = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED
+    requests = {  # name: (protection, expected status, the field the refusal names)
+        "slo too short": (pf(latency_slo_ns=99_999), invalid, "flows[0].latency_slo_ns"),
+        "slo too long": (pf(latency_slo_ns=10_000_000_001), invalid, "flows[0].latency_slo_ns"),
+        "ttl too short": (pf(ttl_ns=999_999_999), invalid, "flows[0].ttl_ns"),
+        "ttl too long": (pf(ttl_ns=3_600_000_000_001), invalid, "flows[0].ttl_ns"),
+        "dscp 64": (pf(rewrite_dscp=64), invalid, "flows[0].rewrite_dscp"),
+        "class 0": (pf(class_id=0), invalid, "flows[0].class_id"),
+        "no such class": (pf(class_id=0x10099), grpc.StatusCode.FAILED_PRECONDITION, "1:99"),
+        "not a leaf": (pf(class_id=ROOT), grpc.StatusCode.FAILED_PRECONDITION, "1:1"),
+        "interface lo": (pf(interface_name="lo"), denied, "flows[0].interface_name"),
+        "no flow": (na.ProtectedFlow(interface_name=lab.if_a, ttl_ns=30_000_000_000), invalid,
+                    "flows[0].flow"),
+        "protect": (pf(), grpc.StatusCode.OK, ""),
+        "renew": (pf(), grpc.StatusCode.OK, ""),
+        "another": (pf(flow=lab.flow(5004, 40001), class_id=LL), grpc.StatusCode.OK, ""),
+        "remove another": (na.ProtectedFlow(interface_name=lab.if_a, flow=lab.flow(5004, 40001)),
+                           grpc.StatusCode.OK, ""),
+    }
+    with AgentServer(fake_agent) as server:
+        fake = node_agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(server.address))
+        for name, (flow_, expected, field_) in requests.items():
+            answers = []
+            for who, stub in (("real", real), ("fake", fake)):
+                req = na.ProtectFlowsRequest(action_id=f"{who}-{name}", flows=[flow_])
+                try:
+                    reply = stub.ProtectFlows(req, timeout=10)
+                    code, msg = grpc.StatusCode.OK, reply.outcome.message
+                except grpc.RpcError as err:
+                    code, msg = err.code(), err.details()
+                assert code == expected, f"{name}: the {who} agent answered {code} {msg}"
+                assert field_ in msg, f"{name}: the {who} agent's {msg!r} names no {field_}"
+                answers.append(msg)
+            # Refusals in the same words; outcomes too ("latency guard: 1 flow(s) protected").
+            assert answers[0] == answers[1], f"{name}: real {answers[0]!r}, fake {answers[1]!r}"
+        got = [s.GetState(na.GetStateRequest(), timeout=10).state for s in (real, fake)]
+    # The same protection in both (times and the guard's counters are each agent's own).
+    for state in got:
+        for p in state.protected_flows:
+            p.expires_ns = p.promotions = 0
+            p.promoted = False
+    assert list(got[1].protected_flows) == list(got[0].protected_flows)
+    assert [p.flow.dst_port for p in got[0].protected_flows] == [40000]

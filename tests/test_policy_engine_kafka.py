@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,14 @@ from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
 from cgloop.policy.journal import FINAL, Journal
 from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
-from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, probes
+from cgloop.policy.testing import (
+    AgentServer,
+    MemoryNodeAgent,
+    detection,
+    flow,
+    node_flow_move,
+    probes,
+)
 from cgloop.testing import kafka_answer
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -59,6 +67,32 @@ guards:
 def _policy(run: str) -> model.Policy:
     (p,) = model.parse_policies(_policy_text(run))
     return p
+
+
+@contextlib.contextmanager
+def _engine_running(
+    agent: AgentServer, bootstrap: str, run: str, tmp_path: Path, group: str | None = None
+) -> Iterator[Engine]:
+    """This run's engine (its policy, source id and journal) in `service.run` on a thread, as
+    `cgloop policy run` runs it; stopped, and checked stopped, on exit."""
+    engine = Engine(
+        [_policy(run)],
+        Router(NodeAgentActuator({"node-a": agent.address})),
+        journal=Journal(tmp_path / "journal.jsonl"),
+        source_id=f"policy-engine-{run}",
+        apply_async=True,
+    )
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=service.run, args=(engine, bootstrap, stop, group or f"policy-{run}"), daemon=True
+    )
+    worker.start()
+    try:
+        yield engine
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
 
 
 def _wait(condition, timeout_s: float, what: str, engine: Engine | None = None) -> None:
@@ -432,27 +466,13 @@ def test_the_engine_dead_letters_what_the_sink_refuses_and_acts_on_none_of_it(
     good = detection(time.time_ns(), client="10.79.0.2", labels=labels)
     producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[good]), key=run)
     producer.flush()
-    stop = threading.Event()
-    with AgentServer(MemoryNodeAgent("node-a")) as agent:
-        engine = Engine(
-            [_policy(run)],
-            Router(NodeAgentActuator({"node-a": agent.address})),
-            journal=Journal(tmp_path / "journal.jsonl"),
-            source_id=f"policy-engine-{run}",
-            apply_async=True,
-        )
-        worker = threading.Thread(
-            target=service.run, args=(engine, bootstrap, stop, group), daemon=True
-        )
-        worker.start()
-        try:
-            _wait(lambda: agent.agent.changes >= 1, 60, "the good detection's action", engine)
-            _wait(lambda: not engine.busy, 10, "the engine idle", engine)
-        finally:
-            stop.set()
-            worker.join(30)
-        assert not worker.is_alive()
-        assert agent.agent.changes == 1
+    with (
+        AgentServer(MemoryNodeAgent("node-a")) as agent,
+        _engine_running(agent, bootstrap, run, tmp_path, group) as engine,
+    ):
+        _wait(lambda: agent.agent.changes >= 1, 60, "the good detection's action", engine)
+        _wait(lambda: not engine.busy, 10, "the engine idle", engine)
+    assert agent.agent.changes == 1
     # (The group also reads other tests' detections on this module's broker: none match.)
     (entry,) = engine.journal.entries.values()
     assert list(entry.action.reason_detection_ids) == [good.id]
@@ -628,3 +648,42 @@ def test_kill_9_of_cgloop_policy_run_loses_no_journaled_result(
     }
     assert len(journaled) == 5
     assert on_bus == journaled  # exactly as the journal says
+
+
+def test_a_nodes_own_change_is_a_fact_the_engine_verifies_and_does_not_repeat(
+    stack_settings, tmp_path: Path
+) -> None:
+    """The node's latency guard promoted the flow and said so on the actions topic: the engine
+    (reading that topic beside the detections) verifies the promotion and, on the SLO breach
+    that follows, orders nothing (the same move is done)."""
+    bootstrap = stack_settings.bootstrap_servers
+    run = uuid.uuid4().hex
+    client = "10.77.0.12"
+    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+    producer = BatchProducer(bootstrap)
+    with (
+        AgentServer(MemoryNodeAgent("node-a")) as agent,
+        _engine_running(agent, bootstrap, run, tmp_path) as engine,
+    ):
+        move = node_flow_move(0x10010, 46, None, time.time_ns(), ft=flow(client))
+        node_action = move.events[0].action
+        producer.send(ACTIONS.name, move, key=node_action.id)
+        producer.flush()
+        _wait(lambda: engine.facts.stats.node_flow_classes == 1, 60, "the node's fact", engine)
+        det = detection(time.time_ns(), client=client, labels=labels)
+        producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=run)
+        producer.flush()
+        _wait(lambda: engine.facts.stats.node_held == 1, 60, "the engine's decision", engine)
+    assert agent.agent.changes == 0  # the engine sent the agent nothing
+
+    assert engine.stats.refused == 0
+
+    def done(events: list[apb.ActionEvent]) -> bool:
+        return any(e.HasField("result") for e in events)
+
+    seen = _events_of(bootstrap, f"policy-engine-{run}", done)
+    # The engine's only record: its verification of the node's action (it ordered nothing).
+    (verified,) = [e.result for e in seen]
+    assert verified.action_id == node_action.id
+    assert verified.state == apb.ACTION_STATE_VERIFIED, verified
+    assert verified.applied_ns == move.events[1].result.applied_ns

@@ -39,6 +39,8 @@ fn main() {
         .expect("building bpf/agent.bpf.c");
     println!("cargo:rerun-if-changed={SRC}");
     println!("cargo:rerun-if-changed=bpf/agent.h");
+    println!("cargo:rerun-if-changed=bpf/qmon.bpf.h");
+    println!("cargo:rerun-if-changed=bpf/qprot.bpf.h");
     rerun_if_changed_under(Path::new(SHARED_INCLUDE));
     println!("cargo:rerun-if-env-changed=CGLOOP_VMLINUX_BTF");
 }

@@ -33,7 +33,7 @@ TO_NS = 1_750_000_500 * 10**9  # 15:15
 # every record topic (the dead letters are not records)
 DATA_TOPICS = {t: n for t, n in SAMPLE_FOR_TOPIC.items() if t != "cgloop.deadletter.v1"}
 # tables only the Kafka records fill, and how many rows of our source each gets
-FROM_KAFKA = {"probe_records": 6, "node_samples": 1, "int_queue_records": 1, "actions": 11}
+FROM_KAFKA = {"probe_records": 6, "node_samples": 1, "int_queue_records": 1, "actions": 14}
 
 
 def _answered_probes(lost: ProbeRecord) -> list[ProbeRecord]:

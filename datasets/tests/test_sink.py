@@ -30,8 +30,9 @@ TABLES = {
     "probe_records": (PROBES.name, 1),
     "node_samples": (NODES.name, 1),
     "detections": (DETECTIONS.name, 5),
-    "actions": (ACTIONS.name, 11),  # the old-shape action, one per typed operation
-    "action_results": (ACTIONS.name, 8),
+    # the old-shape action, one per typed operation, a rollback, three node-level ones
+    "actions": (ACTIONS.name, 14),
+    "action_results": (ACTIONS.name, 9),
     "dead_letters": (DEADLETTER.name, 1),
 }
 
@@ -78,7 +79,27 @@ def test_every_topic_reaches_its_tables(sink_store: SinkStore, stack_settings: S
         " AND previous != ''",
         s=source,
     )
-    assert typed == [["7"]]
+    assert typed == [["8"]]
+    # The node micro loop (migration 0013): queue samples one row per class, the loop's status,
+    # node-level actions with their cause.
+    queues = sink_store.query(
+        "SELECT class_handle, sojourn_p99_ns, qprot_sanctioned_packets FROM cgloop.node_queues"
+        " WHERE source_id = {s:String}",
+        s=source,
+    )
+    assert queues == [["1:40", "1100000", "1200"]]
+    status = sink_store.query(
+        "SELECT micro_loop.acting, micro_loop.protected_flows FROM cgloop.node_samples"
+        " WHERE source_id = {s:String}",
+        s=source,
+    )
+    assert status == [["true", "2"]]
+    node_actions = sink_store.query(
+        "SELECT count(), countIf(startsWith(cause, 'class 1:40')) FROM cgloop.actions"
+        " WHERE source_id = {s:String} AND level = 'ACTION_LEVEL_NODE'",
+        s=source,
+    )
+    assert node_actions == [["3", "3"]]
     # The roll-ups were fed: one flow, its jitter quantiles and its packets.
     rollup = sink_store.query(
         "SELECT sum(packets), round(quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns)[3])"

@@ -119,6 +119,26 @@ def test_gaming_profiles_follow_the_domain_notes():
     assert PROFILES["psn"].up.fps == 100  # client input every 10 ms
 
 
+def test_burst_flood_is_a_classic_unresponsive_flood_and_the_abuser_is_ect1():
+    from cgloop.lab.faults import BurstFlood
+    from cgloop.lab.scenario import Scenario
+    from cgloop.lab.sessions import UdpBurstSpec
+    from cgloop.lab.traffic.profiles import ect1_abuser, unresponsive_udp
+
+    sc = Scenario.model_validate(
+        {"duration": 5, "faults": [{"kind": "burst_flood", "at": 1, "duration": 2}]}
+    )
+    flood = sc.faults[0]
+    assert isinstance(flood, BurstFlood) and (flood.rate_mbit, flood.burst_packets) == (80, 32)
+    spec = unresponsive_udp(flood.rate_mbit, flood.burst_packets)
+    assert spec.tos & 0x3 == 0 and spec.burst  # not ECT: best effort, whole bursts at once
+    # one send event per burst: 80 Mbit/s in 32-packet (1200 B) bursts
+    assert spec.fps == pytest.approx(80e6 / 8 / 1200 / 32)
+    assert ect1_abuser(60).tos & 0x3 == 0x01
+    with pytest.raises(ValueError, match="burst_packets"):
+        UdpBurstSpec(burst_packets=0)
+
+
 def test_scenario_naming_unknown_nodes_is_refused_before_anything_starts():
     from cgloop.lab.scenario import Scenario, check_scenario
 
@@ -189,3 +209,45 @@ def test_media_peers_over_loopback_measure_every_packet_and_survive_garbage(tmp_
     assert results["server"]["summary"]["packets"] == client["sent"] > 100  # input, 100 pps
     again = Packets.load(tmp_path / "client.npz")
     assert len(again) == down["packets"]
+
+
+def test_responsive_l4s_sender_halves_on_echoed_ce_over_loopback(tmp_path):
+    """The L4S sender's feedback path on loopback (no root): its packets leave marked CE (as a
+    marking queue would mark them), the peer echoes the count, the sender halves its rate once
+    per reaction interval; with its own ECT(1) and no marks it keeps its full rate."""
+    import threading
+    import time
+
+    from cgloop.lab.traffic.media import run_peer
+    from cgloop.lab.traffic.profiles import l4s_sender
+
+    def session(tos: int) -> tuple[dict, dict]:
+        profile = l4s_sender(8.0)
+        down = profile.down.model_copy(update={"tos": tos})
+        a, b = _free_udp_port(), _free_udp_port()
+        results: dict = {}
+        start_at = time.time_ns() + 300_000_000
+
+        def peer(name, bind, to, spec):
+            results[name] = run_peer(("127.0.0.1", bind), ("127.0.0.1", to), spec, 1.0,
+                                     tmp_path / f"{name}{tos}", linger=0.3, start_at_ns=start_at)
+
+        threads = [
+            threading.Thread(target=peer, args=("client", a, b, profile.up)),
+            threading.Thread(target=peer, args=("server", b, a, down)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return results["client"], results["server"]
+
+    client, server = session(0x03)  # every packet CE
+    assert client["ecn"]["ce"] == client["received"] > 0
+    assert server["echoed_ce"] > 0  # the echo came back
+    # halved at most once per 20 ms over ~1 s, down to the 5 % floor
+    assert 5 <= server["rate_cuts"] <= 60 and server["min_rate_factor"] <= 0.1
+    quiet_client, quiet = session(0x01)  # ECT(1), never marked
+    assert quiet_client["ecn"]["ect1"] == quiet_client["received"] > 0
+    assert quiet["rate_cuts"] == 0 and quiet["echoed_ce"] == 0
+    assert server["sent"] < quiet["sent"] / 3  # it really sent less

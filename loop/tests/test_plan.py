@@ -3,6 +3,7 @@ how a scenario becomes trials, and how recovery is read from the ground truth.""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,15 @@ from cgloop.lab.scenario import load_scenario
 from cgloop.lab.topology import load_topology
 from cgloop.lab.traffic.stats import Packets
 from cgloop.loop.closed_loop import LoopOptions, default_scenario, split_trials, write_policies
-from cgloop.loop.edge import DEFAULT_CLASS, EF_DSCP, GAMING_CLASS, LINK_CLASS, EdgePlan
+from cgloop.loop.edge import (
+    DEFAULT_CLASS,
+    EF_DSCP,
+    GAMING_CLASS,
+    L4S_CLASS,
+    LINK_CLASS,
+    EdgePlan,
+    agent_toml,
+)
 from cgloop.loop.report import recovery
 from cgloop.policy.model import load_policies
 
@@ -36,8 +45,29 @@ def test_queues_add_up_to_the_link(plan: EdgePlan) -> None:
     # guaranteed rates add up to the link: the rate-cap fault scales them together
     assert sum(c.rate_bps for c in children) == link.rate_bps
     gaming = next(c for c in children if c.class_id == GAMING_CLASS)
-    assert gaming.priority < next(c for c in children if c.class_id == DEFAULT_CLASS).priority
+    l4s = next(c for c in children if c.class_id == L4S_CLASS)
+    best_effort = next(c for c in children if c.class_id == DEFAULT_CLASS)
+    # borrowing order: gaming, then L4S (a flood there never takes gaming's share), then BE
+    assert gaming.priority < l4s.priority < best_effort.priority
     assert h.default_class_id == DEFAULT_CLASS
+
+
+def test_agent_config_turns_the_micro_loop_on_and_off(plan: EdgePlan) -> None:
+    on = tomllib.loads(agent_toml(plan, "/j.pb", "127.0.0.1:9092"))
+    assert (on["node_id"], on["bounds"]["interfaces"]) == ("edge", ["cpe"])
+    assert on["queues"]["sample_interval_us"] == 1000
+    qp = on["queue_protection"]
+    assert qp["enabled"] and qp["interfaces"] == ["cpe"]
+    # sanctioned packets leave the L4S class for best effort, where every flow starts
+    assert (qp["ll_class_id"], qp["classic_class_id"]) == (L4S_CLASS, DEFAULT_CLASS)
+    # RFC 9957's defaults
+    assert (qp["critical_qdelay_us"], qp["critical_score_us"], qp["lg_aging"]) == (1000, 4000, 19)
+    # the guard acts at half the SLO: above a GeForce Now frame's own ~5.5 ms burst
+    assert on["guard"]["enabled"] and on["guard"]["guard_fraction"] == 0.5
+    off = tomllib.loads(agent_toml(plan, "/j.pb", "", micro_loop=False))
+    assert not off["queue_protection"]["enabled"] and not off["guard"]["enabled"]
+    # the monitor still samples: the global loop and the dashboards read its queues
+    assert off["queues"] == on["queues"]
 
 
 def test_one_probe_per_client_and_queue(plan: EdgePlan) -> None:
@@ -53,12 +83,19 @@ def test_one_probe_per_client_and_queue(plan: EdgePlan) -> None:
 
 def test_rendered_policies_validate_and_target_the_edge(plan: EdgePlan, tmp_path: Path) -> None:
     policies = load_policies([write_policies(tmp_path, plan)])
-    assert {p.id for p in policies} == {"lab-gaming-latency-reprioritise", "lab-l4s-abuse-demote"}
+    assert {p.id for p in policies} == {
+        "lab-gaming-protect", "lab-gaming-latency-reprioritise", "lab-l4s-abuse-demote",
+    }
     text = (tmp_path / "loop.yaml").read_text()
     assert "{edge_node}" not in text and "{edge_interface}" not in text
     assert 'node_id: "edge"' in text and 'interface_name: "cpe"' in text
     gaming = next(p for p in policies if p.id == "lab-gaming-latency-reprioritise")
     assert gaming.action.operation.value == "reprioritise_flow"
+    # the micro loop's protections: the gaming class and the lab's 20 ms SLO
+    protect = next(p for p in policies if p.id == "lab-gaming-protect")
+    assert protect.action.operation.value == "protect_flow"
+    assert protect.action.parameters["class_id"] == GAMING_CLASS
+    assert protect.action.parameters["latency_slo_ns"] == int(plan.latency_slo_ms * 1e6)
 
 
 def test_each_fault_is_a_trial_with_fresh_gaming_flows() -> None:
@@ -90,3 +127,19 @@ def test_recovery_from_ground_truth() -> None:
     assert recovery([_packets([3.0] * 300)], 0, 3000 * ms, 20) == (False, None)
     # bad until the end: affected, not recovered
     assert recovery([_packets([3.0] * 100 + [90.0] * 200)], 0, 3000 * ms, 20) == (True, None)
+
+
+def test_a_late_generator_moves_the_onset_to_its_first_packet() -> None:
+    from cgloop.lab.scenario import FaultEvent
+    from cgloop.loop.report import effective_onset
+
+    def event(detail: dict) -> FaultEvent:
+        return FaultEvent(id="f", kind="ect1_abuse", spec={}, onset_ns=1_000, apply_ms=0,
+                          detail=detail)
+
+    # the abuser's sender started 2.8 s late on a loaded machine: the fault began then
+    assert effective_onset(event({"up": {"first_send_ns": 2_800_001_000}})) == 2_800_001_000
+    assert effective_onset(event({"first_packet_ns": 5_000})) == 5_000
+    # on time, or nothing known (a tc fault): the scheduled onset
+    assert effective_onset(event({"up": {"first_send_ns": 900}})) == 1_000
+    assert effective_onset(event({"from_mbit": 100})) == 1_000

@@ -10,7 +10,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def test_validate_shipped_and_bad_files(run_cgloop, tmp_path: Path) -> None:
     ok = run_cgloop("policy", "validate")
     assert ok.returncode == 0, ok.stderr
-    assert "8 policies valid" in ok.stdout
+    assert "12 policies valid" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("id: x\nmatch:\n  kinds: [slo_latency]\naction:\n  operation: teleport\n")
     res = run_cgloop("policy", "validate", str(bad))

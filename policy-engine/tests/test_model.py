@@ -166,6 +166,8 @@ def test_a_bad_value_is_reported_on_its_own_line() -> None:
 def test_good_parameters_of_every_operation_load() -> None:
     good = {
         "reprioritise_flow": ({"class_id": 0x10010, "rewrite_dscp": 46}, "micro"),
+        "protect_flow": ({"latency_slo_ns": 20_000_000, "class_id": 0x10020, "rewrite_dscp": 46,
+                          "ttl_ns": 30_000_000_000}, "micro"),
         "set_class_rate": ({"class_id": 0x10030, "rate_bps": 5_000_000}, "micro"),
         "set_power_policy": ({"cores": [2, 3], "min_frequency_khz": 800000,
                               "max_frequency_khz": 2400000, "latency_critical": [2]}, "micro"),
@@ -236,6 +238,27 @@ def test_shipped_policies_load_and_cover_both_levels() -> None:
         model.Operation.ONOS_FLOW_RULE,
         model.Operation.NOTIFY,
     }
+
+
+def test_node_only_operations_cannot_be_ordered_and_protections_are_checked() -> None:
+    # What only the node's micro loop records (RFC 9957 sanctions, X-MAN's frequency changes).
+    for op in ("queue_protection_sanction", "set_core_frequency"):
+        (problem,) = errors(POLICY.format(level="micro", op=op, params="    core: 1"))
+        assert "p.yaml:6: action.operation: Input should be" in problem
+        assert "protect_flow" in problem
+    text = POLICY.format(
+        level="micro",
+        op="protect_flow",
+        params="    latency_slo_ns: 50000\n    class_id: 0x10000\n    ttl_ns: 7200000000000",
+    )
+    joined = "\n".join(errors(text))
+    assert "action.parameters.latency_slo_ns: should be within 100000..10000000000" in joined
+    assert "action.parameters.ttl_ns: should be within 1000000000..3600000000000" in joined
+    text = POLICY.format(
+        level="micro", op="protect_flow",
+        params="    latency_slo_ns: 20000000\n    class_id: 0x10000\n    ttl_ns: 30000000000",
+    )
+    assert "class_id 0x00010000 needs a major and a non-zero minor" in "\n".join(errors(text))
 
 
 def test_published_schema_is_current_and_validates_the_shipped_files() -> None:

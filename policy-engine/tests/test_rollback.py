@@ -87,6 +87,14 @@ action:
     min_frequency_khz: 800000
     max_frequency_khz: 2400000
 """)
+PROTECT = policy("""
+id: protect
+match: {kinds: [slo_latency], subject: flow}
+action:
+  operation: protect_flow
+  target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
+  parameters: {latency_slo_ns: 20000000, class_id: 0x10010, rewrite_dscp: 46, ttl_ns: 30000000000}
+""")
 
 
 def flow_det(now: int) -> dpb.Detection:
@@ -123,6 +131,9 @@ def node_state(agent: AgentServer) -> na.NodeState:
         state = NodeAgentServiceStub(ch).GetState(na.GetStateRequest(), timeout=5).state
     state.generation = 0
     state.timestamp_ns = 0
+    for p in state.protected_flows:
+        # A restored protection runs out when it did (to the clock's tick): for the rest of it.
+        p.expires_ns = p.ttl_ns = 0
     return state
 
 
@@ -135,6 +146,14 @@ def seed(agent: AgentServer, method: str, request) -> None:
 def _seed_rule(agent: AgentServer) -> None:
     rule = na.FlowClassRule(interface_name="veth0", flow=flow(), class_id=0x10020, rewrite_dscp=10)
     seed(agent, "SetFlowClass", na.SetFlowClassRequest(action_id="seed", rule=rule))
+
+
+def _seed_protection(agent: AgentServer) -> None:
+    p = na.ProtectedFlow(
+        interface_name="veth0", flow=flow(), latency_slo_ns=60_000_000, class_id=0x10020,
+        ttl_ns=600_000_000_000,
+    )
+    seed(agent, "ProtectFlows", na.ProtectFlowsRequest(action_id="seed", flows=[p]))
 
 
 def _seed_chain(agent: AgentServer) -> None:
@@ -161,6 +180,8 @@ CASES: dict[str, tuple[model.Policy, Callable, Callable | None, str]] = {
     "chain, previous chain": (CHAIN, chain_det, _seed_chain, "chain"),
     "chain, none before": (CHAIN, chain_det, None, "chain"),
     "power": (POWER, power_det, _seed_power, "power_policies"),
+    "protect, previous protection": (PROTECT, flow_det, _seed_protection, "protections"),
+    "protect, none before": (PROTECT, flow_det, None, "protections"),
 }
 
 

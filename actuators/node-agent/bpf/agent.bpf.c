@@ -10,6 +10,8 @@
  *   cgl_fn_to_user the hand-over of a chain's advanced (payload) functions to user space:
  *                  tags the source MAC with (slot, ifindex) and redirects the frame to the
  *                  egress of the agent's AF_XDP veth port (src/advanced.rs).
+ *   cgl_qmon_*     tp_btf at qdisc enqueue/dequeue: per-class sojourn (bpf/qmon.bpf.h); the
+ *                  classifier's low-latency class rules are in bpf/qprot.bpf.h.
  *   cgl_xsk_rx     XDP on the port's peer: frames into the AF_XDP socket (XSKMAP).
  *   cgl_adv_return tc ingress on the port: frames the user-space worker sent back get their
  *                  source MAC restored and CGL_ADV_MARK, and leave on their interface's egress.
@@ -126,6 +128,9 @@ struct {
 	__type(key, __u32);
 	__type(value, struct cgl_mac);
 } adv_if_mac SEC(".maps");
+
+#include "qmon.bpf.h"	/* queue monitor: tracepoints, qmon_queue_delay_ns() */
+#include "qprot.bpf.h"	/* L4S class: ECN rule, RFC 9957 queue protection, CE marking */
 
 struct parsed {
 	struct cgl_flow_key key;
@@ -312,6 +317,8 @@ int cgl_classify(struct __sk_buff *skb)
 			fc->packets++;
 			fc->bytes += skb->len;
 		}
+	} else if ((classid = qprot_ecn_class(skb->ifindex, p.tos))) {
+		skb->priority = classid; /* ECT(1)/CE to the low-latency class */
 	} else {
 		__u32 ifindex = skb->ifindex;
 
@@ -320,6 +327,7 @@ int cgl_classify(struct __sk_buff *skb)
 			return TC_ACT_OK;
 		classid = *dflt;
 	}
+	classid = qprot_apply(skb, &p.key, p.tos, classid);
 
 	ck.ifindex = skb->ifindex;
 	ck.classid = classid;

@@ -83,6 +83,9 @@ struct Inner {
 
 pub struct Agent {
     inner: Arc<Mutex<Inner>>,
+    /// The queue monitor (1 ms queue ticks) and the L4S class's queue protection.
+    monitor: Arc<crate::qmon::Monitor>,
+    protection: Option<Arc<crate::qprot::Protection>>,
     watch: watch::Sender<(NodeState, String)>,
     /// The journal writer: changes are persisted off the RPC path (group commit).
     commit: GroupCommit,
@@ -812,11 +815,12 @@ impl Agent {
         config.check()?;
         let rtnl = Rtnl::open().context("opening rtnetlink")?;
         let dp = Datapath::load()?;
+        let (monitor, protection, qwarn) = start_queues(&config, &dp)?;
         let journal = Journal::new(config.journal_path.clone(), config.journal_fsync);
         let (saved, warning) = journal.load(config.remembered_actions)?;
         let delay = Duration::from_micros(config.journal_commit_delay_us);
         let sync_ack = config.journal_sync_ack;
-        let mut warnings: Vec<String> = warning.into_iter().collect();
+        let mut warnings: Vec<String> = warning.into_iter().chain(qwarn).collect();
         let mut actions = ActionLog::new(config.remembered_actions);
         for e in saved.actions {
             actions.record(e);
@@ -848,7 +852,17 @@ impl Agent {
         let commit = GroupCommit::start(journal, delay, move || {
             source.lock().unwrap_or_else(|p| p.into_inner()).snapshot()
         });
-        Ok((Self { inner, watch: tx, commit, sync_ack }, warnings))
+        Ok((Self { inner, monitor, protection, watch: tx, commit, sync_ack }, warnings))
+    }
+
+    /// The queue monitor's ticks (the micro loop's eyes).
+    pub fn queue_view(&self) -> Arc<dyn crate::queue_view::QueueView> {
+        self.monitor.clone()
+    }
+
+    /// RFC 9957 sanctions per flow (None: no `[queue_protection]` interfaces).
+    pub fn sanctions(&self) -> Option<Arc<dyn crate::queue_view::SanctionSource>> {
+        self.protection.clone().map(|p| p as Arc<dyn crate::queue_view::SanctionSource>)
     }
 
     /// Commits every acknowledged change to the journal and stops its writer (shutdown).
@@ -1096,6 +1110,37 @@ impl crate::nodes::Source for Agent {
     fn power_cores(&self) -> Vec<CoreSample> {
         self.lock().power.state(&[]).map(|r| r.cores).unwrap_or_default()
     }
+
+    /// The micro loop acts when the monitor reads its queues and the guard may move flows; the
+    /// guard's reason (stale ticks, the change cap, a failed write …) and protected flows, the
+    /// monitor's live sample age.
+    fn queues(&self) -> (Vec<QueueSample>, Option<MicroLoopStatus>) {
+        let monitor = self.monitor.status();
+        let mut status = self.micro_loop().status();
+        status.acting &= monitor.acting;
+        if status.reason.is_empty() {
+            status.reason = monitor.reason;
+        }
+        status.queue_sample_age_ns = monitor.queue_sample_age_ns;
+        (self.monitor.take_samples(), Some(status))
+    }
+}
+
+/// The queue monitor and the low-latency class's configuration; warnings for what is missing.
+type Queues = (Arc<crate::qmon::Monitor>, Option<Arc<crate::qprot::Protection>>, Vec<String>);
+
+fn start_queues(config: &Config, dp: &Datapath) -> anyhow::Result<Queues> {
+    let mut warnings = Vec::new();
+    let protection = if config.queue_protection.interfaces.is_empty() {
+        None
+    } else {
+        let p = crate::qprot::Protection::new(dp.qmon_maps()?, config.queue_protection.clone());
+        warnings.extend(p.apply()?);
+        Some(Arc::new(p))
+    };
+    let monitor =
+        crate::qmon::Monitor::start(&config.queues, dp.qmon_maps()?, dp.qmon_attach_error.clone(), protection.clone())?;
+    Ok((Arc::new(monitor), protection, warnings))
 }
 
 impl Inner {

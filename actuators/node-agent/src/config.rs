@@ -101,6 +101,65 @@ impl Default for PowerSettings {
     }
 }
 
+/// The queue monitor (src/qmon.rs): BPF sojourn per packet plus the kernel's class statistics,
+/// sampled into queue ticks for the node micro loop.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSettings {
+    pub enabled: bool,
+    /// The sampler's period (µs).
+    pub sample_interval_us: u64,
+    /// A tick older than this is never served (the micro loop stops and says why).
+    pub stale_after_us: u64,
+    /// How often the kernel's class statistics (drops, overlimits, sent, backlog) are dumped
+    /// over rtnetlink; the BPF state is read every tick.
+    pub class_stats_interval_us: u64,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self { enabled: true, sample_interval_us: 1000, stale_after_us: 5000, class_stats_interval_us: 10_000 }
+    }
+}
+
+/// The L4S low-latency class (bpf/qprot.bpf.h): the ECN rule, RFC 9957 queue protection and
+/// step CE marking on each listed interface. Defaults: CableLabs' (RFC 9957) and Linux
+/// DualPI2's step.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueProtectionSettings {
+    /// Queue protection (sanctions). The ECN rule and CE marking apply on the listed interfaces
+    /// whenever `ll_class_id` is set, so the LL class keeps its traffic with protection off.
+    pub enabled: bool,
+    pub ll_class_id: u32,
+    pub classic_class_id: u32,
+    pub critical_qdelay_us: u64,
+    pub critical_score_us: u64,
+    pub lg_aging: u32,
+    pub attempts: u32,
+    pub buckets: u32,
+    /// 0 = no CE marking.
+    pub ce_step_us: u64,
+    pub interfaces: Vec<String>,
+}
+
+impl Default for QueueProtectionSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ll_class_id: 0,
+            classic_class_id: 0,
+            critical_qdelay_us: 1000,
+            critical_score_us: 4000,
+            lg_aging: 19,
+            attempts: 2,
+            buckets: 32,
+            ce_step_us: 1000,
+            interfaces: Vec::new(),
+        }
+    }
+}
+
 /// `[guard]`: the node micro loop's latency guard of protected flows (src/guard.rs) and the
 /// audit of what the micro loop does (src/audit.rs).
 #[derive(Debug, Clone, Deserialize)]
@@ -147,30 +206,67 @@ impl Default for GuardSettings {
     }
 }
 
+/// `key` within `lo..=hi`, or an error naming the key and the bounds.
+fn within<T: PartialOrd + std::fmt::Display>(key: &str, v: T, lo: T, hi: T) -> Result<()> {
+    anyhow::ensure!(v >= lo && v <= hi, "{key} = {v} is out of range {lo}..={hi}");
+    Ok(())
+}
+
+impl QueueSettings {
+    pub fn check(&self) -> Result<()> {
+        within("queues.sample_interval_us", self.sample_interval_us, 100, 1_000_000)?;
+        within("queues.stale_after_us", self.stale_after_us, self.sample_interval_us, 10_000_000)?;
+        within("queues.class_stats_interval_us", self.class_stats_interval_us, self.sample_interval_us, 10_000_000)
+    }
+}
+
+impl QueueProtectionSettings {
+    pub fn check(&self) -> Result<()> {
+        let k = |n: &str| format!("queue_protection.{n}");
+        if self.interfaces.is_empty() {
+            return Ok(());
+        }
+        within(&k("ll_class_id"), self.ll_class_id, 1, u32::MAX)?;
+        within(&k("classic_class_id"), self.classic_class_id, 1, u32::MAX)?;
+        anyhow::ensure!(
+            self.ll_class_id != self.classic_class_id,
+            "queue_protection.ll_class_id and classic_class_id must differ (both {:#x})",
+            self.ll_class_id
+        );
+        within(&k("critical_qdelay_us"), self.critical_qdelay_us, 50, 1_000_000)?;
+        within(&k("critical_score_us"), self.critical_score_us, 50, 10_000_000)?;
+        within(&k("lg_aging"), self.lg_aging, 1, 30)?;
+        within(&k("attempts"), self.attempts, 1, 4)?;
+        within(&k("buckets"), self.buckets, 2, 256)?;
+        anyhow::ensure!(
+            self.buckets.is_power_of_two(),
+            "queue_protection.buckets = {} must be a power of two within 2..=256",
+            self.buckets
+        );
+        within(&k("ce_step_us"), self.ce_step_us, 0, 1_000_000)?;
+        Ok(())
+    }
+}
+
 impl GuardSettings {
     /// Every key within its bounds; a refusal names the key and the bounds.
     pub fn check(&self) -> Result<()> {
         let g = self;
-        let within = |key: &str, v: f64, lo: f64, hi: f64| -> Result<()> {
-            anyhow::ensure!(v.is_finite() && (lo..=hi).contains(&v), "guard.{key} {v} is outside {lo}..{hi}");
-            Ok(())
-        };
-        within("guard_fraction", g.guard_fraction, 0.01, 1.0)?;
-        within("release_fraction", g.release_fraction, 0.0, 1.0)?;
+        within("guard.guard_fraction", g.guard_fraction, 0.01, 1.0)?;
+        within("guard.release_fraction", g.release_fraction, 0.0, 1.0)?;
         anyhow::ensure!(
             g.release_fraction < g.guard_fraction,
             "guard.release_fraction {} must be below guard.guard_fraction {} (hysteresis)",
             g.release_fraction,
             g.guard_fraction
         );
-        within("hold_ms", g.hold_ms as f64, 0.0, 600_000.0)?;
-        within("max_changes_per_s", g.max_changes_per_s as f64, 1.0, 10_000.0)?;
-        within("max_protected_flows", g.max_protected_flows as f64, 1.0, 65_536.0)?;
-        within("poll_interval_us", g.poll_interval_us as f64, 100.0, 100_000.0)?;
-        within("max_tick_age_us", g.max_tick_age_us as f64, 1000.0, 1_000_000.0)?;
-        within("audit_interval_ms", g.audit_interval_ms as f64, 10.0, 60_000.0)?;
-        within("audit_queue", g.audit_queue as f64, 16.0, 1_000_000.0)?;
-        Ok(())
+        within("guard.hold_ms", g.hold_ms, 0, 600_000)?;
+        within("guard.max_changes_per_s", g.max_changes_per_s, 1, 10_000)?;
+        within("guard.max_protected_flows", g.max_protected_flows, 1, 65_536)?;
+        within("guard.poll_interval_us", g.poll_interval_us, 100, 100_000)?;
+        within("guard.max_tick_age_us", g.max_tick_age_us, 1000, 1_000_000)?;
+        within("guard.audit_interval_ms", g.audit_interval_ms, 10, 60_000)?;
+        within("guard.audit_queue", g.audit_queue, 16, 1_000_000)
     }
 }
 
@@ -214,6 +310,8 @@ pub struct Config {
     /// `kafka_bootstrap` is set; 0 = none.
     pub node_sample_interval_ms: u64,
     pub node_topic: String,
+    pub queues: QueueSettings,
+    pub queue_protection: QueueProtectionSettings,
     /// Where the node micro loop's actions go (`Action` records, level NODE), with Kafka.
     pub action_topic: String,
     pub guard: GuardSettings,
@@ -239,6 +337,8 @@ impl Default for Config {
             advanced_rt_priority: 10,
             node_sample_interval_ms: 1000,
             node_topic: bus::topic(BusTopic::Nodes).name.clone(),
+            queues: QueueSettings::default(),
+            queue_protection: QueueProtectionSettings::default(),
             action_topic: bus::topic(BusTopic::Actions).name.clone(),
             guard: GuardSettings::default(),
         }
@@ -289,6 +389,8 @@ impl Config {
             "journal_commit_delay_us {} is above 1000000 (1 s): a crash would lose too much",
             self.journal_commit_delay_us
         );
+        self.queues.check()?;
+        self.queue_protection.check()?;
         self.guard.check()?;
         Ok(())
     }
@@ -319,16 +421,43 @@ mod tests {
     }
 
     #[test]
+    fn queue_sections_refuse_out_of_range_values_by_key_and_bounds() {
+        let ok = "[queue_protection]\nll_class_id = 0x10040\nclassic_class_id = 0x10010\ninterfaces = [\"cpe\"]\n";
+        let c: Config = toml::from_str(ok).unwrap();
+        c.check().unwrap();
+        assert_eq!((c.queue_protection.critical_score_us, c.queue_protection.lg_aging), (4000, 19));
+        for (bad, key, bounds) in [
+            ("buckets = 48", "queue_protection.buckets", "power of two"),
+            ("buckets = 512", "queue_protection.buckets", "2..=256"),
+            ("lg_aging = 31", "queue_protection.lg_aging", "1..=30"),
+            ("attempts = 0", "queue_protection.attempts", "1..=4"),
+            ("critical_qdelay_us = 10", "queue_protection.critical_qdelay_us", "50..=1000000"),
+            ("classic_class_id = 0x10040", "classic_class_id must differ", ""),
+        ] {
+            let text = ok.replace("classic_class_id = 0x10010\n", "");
+            let text = if bad.starts_with("classic") { text } else { format!("{text}classic_class_id = 0x10010\n") };
+            let c: Config = toml::from_str(&format!("{text}{bad}\n")).unwrap();
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(bounds), "{bad}: {err}");
+        }
+        let c: Config = toml::from_str("[queues]\nsample_interval_us = 10\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("queues.sample_interval_us = 10 is out of range 100..="));
+        let c: Config = toml::from_str("[queues]\nstale_after_us = 500\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("queues.stale_after_us"));
+    }
+
+    #[test]
     fn guard_keys_are_bounded_and_named() {
         let c: Config = toml::from_str("[guard]\nguard_fraction = 0.3\nhold_ms = 500\n").unwrap();
         c.check().unwrap();
         assert_eq!((c.guard.guard_fraction, c.guard.hold_ms, c.guard.max_protected_flows), (0.3, 500, 256));
         for (toml, key) in [
-            ("guard_fraction = 1.5", "guard.guard_fraction 1.5 is outside 0.01..1"),
+            ("guard_fraction = 1.5", "guard.guard_fraction = 1.5 is out of range 0.01..=1"),
+            ("guard_fraction = nan", "guard.guard_fraction = NaN is out of range"),
             ("release_fraction = 0.3", "guard.release_fraction 0.3 must be below"),
             ("max_changes_per_s = 0", "guard.max_changes_per_s"),
             ("max_protected_flows = 0", "guard.max_protected_flows"),
-            ("audit_interval_ms = 1", "guard.audit_interval_ms 1 is outside 10..60000"),
+            ("audit_interval_ms = 1", "guard.audit_interval_ms = 1 is out of range 10..=60000"),
         ] {
             let c: Config = toml::from_str(&format!("[guard]\n{toml}\n")).unwrap();
             let e = c.check().unwrap_err().to_string();

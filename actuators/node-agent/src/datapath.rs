@@ -19,7 +19,8 @@ mod skel {
 
 pub use skel::types::{
     cgl_chain as Chain, cgl_chain_fn as ChainFn, cgl_flow_key as FlowKey,
-    cgl_flow_rule as FlowRule,
+    cgl_flow_rule as FlowRule, qmon_class as QmonClass, qmon_key as QmonKey,
+    qprot_cfg as QprotCfg, qprot_flow as QprotFlow,
 };
 use skel::types::{cgl_class_key, cgl_dscp_key, cgl_fn_counters, cgl_flow_counters, cgl_impairment};
 
@@ -79,16 +80,47 @@ pub struct Datapath {
     xsk_rx: OwnedFd,
     adv_return: OwnedFd,
     attached: HashMap<u32, ()>,
+    /// Queue monitor and L4S class maps (bpf/qmon.bpf.h, bpf/qprot.bpf.h), and the tracepoint
+    /// links (the monitor's programs run while these live).
+    qmon: QmonMaps,
+    _qmon_links: Vec<libbpf_rs::Link>,
+    /// Why the tracepoint programs are not attached (the monitor reports it).
+    pub qmon_attach_error: Option<String>,
+}
+
+/// Map handles the queue monitor (src/qmon.rs) and queue protection (src/qprot.rs) own a dup of.
+pub struct QmonMaps {
+    pub if_default: MapHandle,
+    pub qmon_index: MapHandle,
+    /// BPF_F_MMAPABLE array of `QmonClass`, indexed by the slot in `qmon_index`.
+    pub qmon_stats: MapHandle,
+    pub qprot_cfg: MapHandle,
+    pub qprot_state: MapHandle,
+    pub qprot_flows: MapHandle,
+}
+
+impl QmonMaps {
+    pub fn try_clone(&self) -> Result<Self> {
+        let dup = |m: &MapHandle| MapHandle::try_from(m).context("dup of a queue monitor map fd");
+        Ok(Self {
+            if_default: dup(&self.if_default)?,
+            qmon_index: dup(&self.qmon_index)?,
+            qmon_stats: dup(&self.qmon_stats)?,
+            qprot_cfg: dup(&self.qprot_cfg)?,
+            qprot_state: dup(&self.qprot_state)?,
+            qprot_flows: dup(&self.qprot_flows)?,
+        })
+    }
 }
 
 /// Plain-old-data view of a `#[repr(C)]` skeleton type for map keys and values.
-fn bytes_of<T: Copy>(v: &T) -> &[u8] {
+pub(crate) fn bytes_of<T: Copy>(v: &T) -> &[u8] {
     // SAFETY: T is a #[repr(C)] struct of integers generated from bpf/agent.h, without padding
     // holes (the header pads explicitly), so every byte is initialised.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
 }
 
-fn from_bytes<T: Copy + Default>(b: &[u8]) -> T {
+pub(crate) fn from_bytes<T: Copy + Default>(b: &[u8]) -> T {
     let mut v = T::default();
     let n = b.len().min(std::mem::size_of::<T>());
     // SAFETY: as above; every bit pattern of these integer structs is valid.
@@ -124,6 +156,28 @@ impl Datapath {
                 .with_context(|| format!("installing chain function {kind:?} in fn_progs"))?;
             fn_prog_fds.push(fd);
         }
+        // The monitor's tracepoints: without them the agent still classifies; the monitor
+        // then says why it has no queue ticks.
+        let mut qmon_links = Vec::new();
+        let mut qmon_attach_error = None;
+        for prog in [&skel.progs.cgl_qmon_enqueue, &skel.progs.cgl_qmon_dequeue] {
+            match prog.attach() {
+                Ok(link) => qmon_links.push(link),
+                Err(e) => {
+                    qmon_attach_error = Some(format!("attaching the qdisc tracepoint programs: {e}"));
+                    qmon_links.clear();
+                    break;
+                }
+            }
+        }
+        let qmon = QmonMaps {
+            if_default: handle(&skel.maps.if_default, "if_default")?,
+            qmon_index: handle(&skel.maps.qmon_index, "qmon_index")?,
+            qmon_stats: handle(&skel.maps.qmon_stats, "qmon_stats")?,
+            qprot_cfg: handle(&skel.maps.qprot_cfg, "qprot_cfg")?,
+            qprot_state: handle(&skel.maps.qprot_state, "qprot_state")?,
+            qprot_flows: handle(&skel.maps.qprot_flows, "qprot_flows")?,
+        };
         Ok(Self {
             classify: skel.progs.cgl_classify.as_fd().try_clone_to_owned().context("dup fd")?,
             flow_class: handle(&skel.maps.flow_class, "flow_class")?,
@@ -142,7 +196,15 @@ impl Datapath {
             xsk_rx: skel.progs.cgl_xsk_rx.as_fd().try_clone_to_owned().context("dup fd")?,
             adv_return: skel.progs.cgl_adv_return.as_fd().try_clone_to_owned().context("dup fd")?,
             attached: HashMap::new(),
+            qmon,
+            _qmon_links: qmon_links,
+            qmon_attach_error,
         })
+    }
+
+    /// Dups of the queue monitor's and queue protection's maps.
+    pub fn qmon_maps(&self) -> Result<QmonMaps> {
+        self.qmon.try_clone()
     }
 
     /// Attaches the classifier on the interface's clsact egress hook (replacing an earlier

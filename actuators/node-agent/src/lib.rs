@@ -23,6 +23,8 @@ pub mod afxdp;
 pub mod bounds;
 pub mod journal;
 pub mod power;
+pub mod qmon;
+pub mod qprot;
 pub mod queue_view;
 
 mod chains;

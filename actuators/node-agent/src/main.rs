@@ -14,7 +14,6 @@ use cgloop_node_agent::probes::Probes;
 use cgloop_node_agent::reflect::{ReflectOptions, Reflector};
 use cgloop_node_agent::service::Service;
 use cgloop_node_agent::audit::{Audit, KafkaSink, Recorder};
-use cgloop_node_agent::guard::NoQueues;
 use cgloop_node_agent::{export, tls};
 use cgloop_proto::v1::node_agent_service_server::NodeAgentServiceServer;
 use clap::{Parser, Subcommand};
@@ -148,16 +147,16 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
         None => None,
         Some(sink) => {
             let interval = Duration::from_millis(guard.audit_interval_ms);
-            // RFC 9957 sanctions: the datapath's SanctionSource once it is built (None: none).
-            Some(Audit::start(recorder, Box::new(sink), guard.audit_queue, interval, None)?)
+            // RFC 9957 sanctions: the datapath's, drained per interval (None: no LL class).
+            Some(Audit::start(recorder, Box::new(sink), guard.audit_queue, interval, agent.sanctions())?)
         }
     };
     if let Some(a) = audit.clone() {
         agent.on_frequency_change(move |c| a.core_frequency(&c));
     }
-    // The latency guard, on the queue monitor's ticks (none in this build: it never acts and
-    // says why).
-    let view = Arc::new(NoQueues("no queue monitor in this build".into()));
+    // The latency guard, on the queue monitor's ticks (a monitor that cannot read its queues
+    // says why, and the guard does not act).
+    let view = agent.queue_view();
     let stop_guard = Arc::new(AtomicBool::new(false));
     let on_move = move |m: &_| {
         if let Some(a) = &audit {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cgloop_proto::v1::{CoreSample, FunctionCounters, NodeSample, NodeSampleBatch, NodeState, RecordHeader};
+use cgloop_proto::v1::{
+    CoreSample, FunctionCounters, MicroLoopStatus, NodeSample, NodeSampleBatch, NodeState, QueueSample, RecordHeader,
+};
 use prost::Message;
 use rdkafka::producer::BaseRecord;
 
@@ -115,6 +117,20 @@ pub fn sample(
 pub trait Source: Send + Sync + 'static {
     fn node_state(&self) -> Option<NodeState>;
     fn power_cores(&self) -> Vec<CoreSample>;
+    /// Queue samples since the previous call and the micro loop's status (src/qmon.rs).
+    fn queues(&self) -> (Vec<QueueSample>, Option<MicroLoopStatus>) {
+        (Vec::new(), None)
+    }
+}
+
+/// Names each queue sample's class after the hierarchy the agent applied.
+pub fn name_classes(queues: &mut [QueueSample], state: &NodeState) {
+    for q in queues {
+        let h = state.queues.iter().find(|h| h.interface_name == q.interface_name);
+        if let Some(c) = h.and_then(|h| h.classes.iter().find(|c| c.class_id == q.class_id)) {
+            q.class_name = c.name.clone();
+        }
+    }
 }
 
 /// Starts the sampler thread: one sample every `interval` to `topic`.
@@ -146,7 +162,9 @@ pub fn start(
                 prev = cur;
                 let state = source.node_state().unwrap_or_default();
                 seq += 1;
-                let s = sample(&node_id, seq, &util, &source.power_cores(), &state);
+                let mut s = sample(&node_id, seq, &util, &source.power_cores(), &state);
+                (s.queues, s.micro_loop) = source.queues();
+                name_classes(&mut s.queues, &state);
                 let payload = NodeSampleBatch { records: vec![s] }.encode_to_vec();
                 let record = BaseRecord::to(&topic)
                     .key(node_id.as_str())

@@ -326,6 +326,7 @@ mod tests {
                 packets: 0,
                 bytes: 0,
                 drops: 0,
+                overlimits: 0,
                 backlog_bytes: 0,
                 backlog_packets: 0,
             }

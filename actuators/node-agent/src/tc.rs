@@ -50,6 +50,8 @@ pub struct KernelClass {
     pub packets: u64,
     pub bytes: u64,
     pub drops: u32,
+    /// Times the class was over its rate (HTB's overlimits).
+    pub overlimits: u32,
     /// Bytes and packets waiting in the class's queue now.
     pub backlog_bytes: u32,
     pub backlog_packets: u32,
@@ -367,6 +369,7 @@ fn decode_class(msg: &TcMessage) -> Result<KernelClass, String> {
         packets: 0,
         bytes: 0,
         drops: 0,
+        overlimits: 0,
         backlog_bytes: 0,
         backlog_packets: 0,
     };
@@ -405,6 +408,7 @@ fn decode_class(msg: &TcMessage) -> Result<KernelClass, String> {
                         }
                         TcStats2::Queue(q) => {
                             class.drops = q.drops;
+                            class.overlimits = q.overlimits;
                             class.backlog_bytes = q.backlog;
                             class.backlog_packets = q.qlen;
                         }

@@ -20,3 +20,10 @@ pub mod samples;
 pub mod vectors;
 
 pub use prost::Message;
+
+/// The `FileDescriptorSet` of every proto file, as the build compiled them: for code and tests
+/// that must agree with the contract without a copy of it (e.g. the Arrow codec's tables of the
+/// fields it knows).
+pub fn descriptor_set() -> &'static [u8] {
+    include_bytes!(concat!(env!("OUT_DIR"), "/cgloop_descriptors.bin"))
+}

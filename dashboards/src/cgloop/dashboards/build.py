@@ -12,17 +12,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cgloop.dashboards.clickhouse import Query, datasource_ref
+from cgloop.dashboards.micro_loop import (
+    LEVEL,
+    actions_per_level,
+    level_name,
+    level_summary,
+    node_actions,
+    queue_panels,
+)
+from cgloop.dashboards.panels import (
+    LOOP_ACTIONS,
+    OPTIONAL_PANELS,
+    Layout,
+    custom_variable,
+    ms_between,
+    new_dashboard,
+    series,
+    stat_panel,
+    table_panel,
+)
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import stat, table, timeseries, trend
+from grafana_foundation_sdk.builders import trend
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
-from grafana_foundation_sdk.models.common import GraphDrawStyle, VisibilityMode
 
 #: Where `cgloop dashboards build` writes, and what docker-compose.yml mounts into Grafana.
 PROVISIONED = Path(__file__).resolve().parents[3] / "provisioned"
-
-#: Panels that legitimately show nothing in a healthy run: (dashboard uid, panel title).
-OPTIONAL_PANELS: set[tuple[str, str]] = set()
 
 # A flow as one readable string, the value of the flow detail's `flow` variable.
 FLOW_KEY = (
@@ -30,86 +45,22 @@ FLOW_KEY = (
     " IPv6NumToString(dst_addr), ':', toString(dst_port), ' / ', toString(ip_protocol))"
 )
 GAMING = "'DETECTION_KIND_GAMING_FLOW_CLASSIFIED'"
-NO_TIME = "toDateTime64(0, 9, 'UTC')"
-
-
-def _ms(later: str, earlier: str) -> str:
-    """Milliseconds between two DateTime64(9) columns; NULL when either is unset (epoch 0)."""
-    return (
-        f"if({later} > {NO_TIME} AND {earlier} > {NO_TIME},"
-        f" (toUnixTimestamp64Nano({later}) - toUnixTimestamp64Nano({earlier})) / 1e6, NULL)"
-    )
-
-
-class _Layout:
-    """Panels left to right in rows of 24 grid units; ids in order, so builds are deterministic."""
-
-    def __init__(self, uid: str) -> None:
-        self.uid, self.x, self.y, self.row_h, self.next_id = uid, 0, 0, 0, 1
-
-    def place(self, panel, w: int, h: int, optional: bool = False):
-        if self.x + w > 24:
-            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
-        panel.id(self.next_id).grid_pos(dm.GridPos(h=h, w=w, x=self.x, y=self.y))
-        panel.datasource(datasource_ref())
-        self.next_id += 1
-        self.x += w
-        self.row_h = max(self.row_h, h)
-        if optional:
-            OPTIONAL_PANELS.add((self.uid, panel.build().title or ""))
-        return panel
-
-
-def _dashboard(uid: str, title: str, description: str) -> db.Dashboard:
-    return (
-        db.Dashboard(title)
-        .uid(uid)
-        .description(description)
-        .tags(["cgloop"])
-        .timezone("utc")
-        .time("now-15m", "now")
-        .refresh("10s")
-        .readonly()
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-    )
-
-
-def _series(title: str, sql: str, unit: str, points: bool = False) -> timeseries.Panel:
-    panel = timeseries.Panel().title(title).with_target(Query(sql, "time_series")).unit(unit)
-    if points:
-        panel.draw_style(GraphDrawStyle.POINTS).show_points(VisibilityMode.ALWAYS).point_size(6)
-    return panel
-
-
-def _table(title: str, sql: str) -> table.Panel:
-    return table.Panel().title(title).with_target(Query(sql))
-
-
-def _stat(title: str, sql: str, unit: str = "none") -> stat.Panel:
-    return stat.Panel().title(title).with_target(Query(sql)).unit(unit)
-
-
-def _custom(name: str, label: str, values: list[str]) -> db.CustomVariable:
-    return (
-        db.CustomVariable(name)
-        .label(label)
-        .values(",".join(values))
-        .current(dm.VariableOption(selected=True, text=values[0], value=values[0]))
-    )
 
 
 def noc_overview() -> db.Dashboard:
     uid = "cgloop-noc"
-    lay = _Layout(uid)
+    lay = Layout(uid)
     slo = "${slo_ms}"
-    d = _dashboard(
+    d = new_dashboard(
         uid,
         "cgloop / NOC overview",
         "Gaming flows and their latency SLO, what the detectors see and what the loop does.",
-    ).with_variable(_custom("slo_ms", "gaming p99 latency SLO (ms)", ["50", "30", "20", "100"]))
+    ).with_variable(
+        custom_variable("slo_ms", "gaming p99 latency SLO (ms)", ["50", "30", "20", "100"])
+    )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Gaming flows",
                 "SELECT uniqExact(src_addr, dst_addr, src_port, dst_port, ip_protocol) AS flows"
                 " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)",
@@ -120,7 +71,7 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Gaming flows over their SLO",
                 "SELECT countIf(worst > " + slo + ") AS over_slo FROM ("
                 " SELECT max(p99_latency_ns) / 1e6 AS worst FROM cgloop.gaming_flow_minutes"
@@ -133,7 +84,7 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Detections",
                 "SELECT count() AS detections FROM cgloop.detections FINAL"
                 f" WHERE $__timeFilter(window_end) AND kind != {GAMING}",
@@ -144,10 +95,9 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Actions taken",
-                "SELECT count() AS actions FROM cgloop.loop_actions"
-                " WHERE $__timeFilter(decided_at)",
+                f"SELECT count() AS actions FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -155,7 +105,7 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Gaming flows and SLO status",
                 "SELECT platform, IPv6NumToString(src_addr) AS server, src_port,"
                 " IPv6NumToString(dst_addr) AS client, dst_port,"
@@ -175,7 +125,7 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Gaming flows: p99 latency per minute",
                 "SELECT minute AS time,"
                 " concat(platform, ' ', IPv6NumToString(src_addr), ':', toString(src_port))"
@@ -190,7 +140,7 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Detections per kind",
                 "SELECT $__timeInterval(window_end) AS time, kind, count() AS detections"
                 " FROM cgloop.detections FINAL"
@@ -205,7 +155,7 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Active detections",
                 "SELECT window_end AS time, kind, severity, round(confidence, 3) AS confidence,"
                 " subject_type,"
@@ -226,23 +176,24 @@ def noc_overview() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Loop actions",
-                "SELECT decided_at AS time, operation, target_node_id AS node, final_state,"
-                " verdict, detection_to_apply_ns / 1e6 AS detection_to_apply_ms, message"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)"
+                f"SELECT decided_at AS time, {LEVEL} AS level, operation, target_node_id AS node,"
+                " final_state, verdict, detection_to_apply_ns / 1e6 AS detection_to_apply_ms,"
+                f" message, cause FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)"
                 " ORDER BY decided_at DESC LIMIT 100",
             ),
             12,
             8,
         )
     )
+    d.with_panel(lay.place(actions_per_level("Actions per level and operation"), 24, 8))
     return d
 
 
 def flow_detail() -> db.Dashboard:
     uid = "cgloop-flow"
-    lay = _Layout(uid)
+    lay = Layout(uid)
     where = "$__timeFilter({t}) AND " + FLOW_KEY + " = '${flow}'"
     # Gaming flows first, worst first, so the default selection is the flow a NOC wants.
     flows = (
@@ -258,13 +209,13 @@ def flow_detail() -> db.Dashboard:
         .sort(dm.VariableSort.DISABLED)
     )
     d = (
-        _dashboard(
+        new_dashboard(
             uid,
             "cgloop / flow detail",
             "One flow: latency percentiles over time, the latency CDF, its worst events.",
         )
         .with_variable(flows)
-        .with_variable(_custom("worst_n", "worst N events", ["20", "10", "50", "100"]))
+        .with_variable(custom_variable("worst_n", "worst N events", ["20", "10", "50", "100"]))
     )
     pct = (
         "SELECT time, q[1] / 1e6 AS p50, q[2] / 1e6 AS p90, q[3] / 1e6 AS p99,"
@@ -284,14 +235,14 @@ def flow_detail() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series("End-to-end latency percentiles (INT)", pct.replace("{q}", latency_q), "ms"),
+            series("End-to-end latency percentiles (INT)", pct.replace("{q}", latency_q), "ms"),
             12,
             9,
         )
     )
     d.with_panel(
         lay.place(
-            _series("RTP jitter percentiles", pct.replace("{q}", jitter_q), "ms"),
+            series("RTP jitter percentiles", pct.replace("{q}", jitter_q), "ms"),
             12,
             9,
         )
@@ -317,7 +268,7 @@ def flow_detail() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Worst ${worst_n} latency events over time (INT)",
                 "SELECT time, latency_ms FROM ("
                 " SELECT time, end_to_end_latency_ns / 1e6 AS latency_ms"
@@ -332,7 +283,7 @@ def flow_detail() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Throughput, RTP loss and drops",
                 "SELECT $__timeInterval(window) AS time,"
                 " sum(bytes) * 8 / $__interval_s AS bits_per_s,"
@@ -347,7 +298,7 @@ def flow_detail() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Worst ${worst_n} latency events",
                 "SELECT time, round(end_to_end_latency_ns / 1e6, 3) AS latency_ms,"
                 " arrayStringConcat(arrayMap(s -> toString(s), path_switch_ids), ' > ') AS path,"
@@ -363,8 +314,8 @@ def flow_detail() -> db.Dashboard:
 
 def loop_audit() -> db.Dashboard:
     uid = "cgloop-loop"
-    lay = _Layout(uid)
-    d = _dashboard(
+    lay = Layout(uid)
+    d = new_dashboard(
         uid,
         "cgloop / loop audit",
         "Every action of the loop: why, what the guards refused, what verification measured, and"
@@ -376,23 +327,24 @@ def loop_audit() -> db.Dashboard:
         "SELECT a.id AS action_id, a.operation AS operation, a.policy_id AS policy,"
         " min(d.window_end) AS detected_at, any(a.time) AS decided_at,"
         " any(r.applied) AS applied_at, any(r.verified) AS verified_at,"
-        " any(r.state) AS state, any(r.verdict) AS verdict"
-        " FROM (SELECT * FROM cgloop.actions FINAL WHERE $__timeFilter(time)"
+        " any(r.state) AS state, any(r.verdict) AS verdict,"
+        f" any({level_name('a.level')}) AS level"
+        " FROM (SELECT * FROM cgloop.actions WHERE $__timeFilter(time)"
         " ORDER BY time LIMIT 1 BY id) AS a"
         " ARRAY JOIN a.reason_detection_ids AS detection_id"
         " INNER JOIN (SELECT id, window_end FROM cgloop.detections FINAL) AS d"
         " ON d.id = detection_id"
         " LEFT JOIN (SELECT action_id, max(applied) AS applied, max(verified) AS verified,"
         " argMax(state, time) AS state, argMax(verdict, time) AS verdict"
-        " FROM cgloop.action_results FINAL GROUP BY action_id) AS r ON r.action_id = a.id"
+        " FROM cgloop.action_results WHERE time >= $__fromTime GROUP BY action_id) AS r"
+        " ON r.action_id = a.id"
         " GROUP BY a.id, a.operation, a.policy_id"
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Actions",
-                "SELECT count() AS actions FROM cgloop.loop_actions"
-                " WHERE $__timeFilter(decided_at)",
+                f"SELECT count() AS actions FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -400,10 +352,10 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Refused by guards",
                 "SELECT countIf(final_state = 'ACTION_STATE_REFUSED') AS refused"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)",
+                f" FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -411,10 +363,10 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Verified improvements",
                 "SELECT countIf(verdict = 'VERDICT_IMPROVED') AS improved"
-                " FROM cgloop.loop_actions WHERE $__timeFilter(decided_at)",
+                f" FROM {LOOP_ACTIONS} WHERE $__timeFilter(decided_at)",
             ),
             6,
             4,
@@ -422,9 +374,11 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _stat(
+            stat_panel(
                 "Detection to applied, p99",
-                "SELECT quantileExact(0.99)(" + _ms("applied_at", "detected_at") + ") AS p99_ms"
+                "SELECT quantileExact(0.99)("
+                + ms_between("applied_at", "detected_at")
+                + ") AS p99_ms"
                 " FROM (" + steps + ")",
                 "ms",
             ),
@@ -434,13 +388,13 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Loop latency per action: detection, decision, applied, verified",
-                "SELECT decided_at AS time, operation, policy, state, verdict,"
-                " " + _ms("decided_at", "detected_at") + " AS detection_to_decision_ms,"
-                " " + _ms("applied_at", "decided_at") + " AS decision_to_applied_ms,"
-                " " + _ms("verified_at", "applied_at") + " AS applied_to_verified_ms,"
-                " " + _ms("applied_at", "detected_at") + " AS detection_to_applied_ms,"
+                "SELECT decided_at AS time, level, operation, policy, state, verdict,"
+                " " + ms_between("decided_at", "detected_at") + " AS detection_to_decision_ms,"
+                " " + ms_between("applied_at", "decided_at") + " AS decision_to_applied_ms,"
+                " " + ms_between("verified_at", "applied_at") + " AS applied_to_verified_ms,"
+                " " + ms_between("applied_at", "detected_at") + " AS detection_to_applied_ms,"
                 " action_id FROM (" + steps + ") ORDER BY decided_at DESC",
             ),
             24,
@@ -449,12 +403,12 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Loop latency over time",
                 "SELECT decided_at AS time,"
-                " " + _ms("decided_at", "detected_at") + " AS detection_to_decision_ms,"
-                " " + _ms("applied_at", "detected_at") + " AS detection_to_applied_ms,"
-                " " + _ms("verified_at", "detected_at") + " AS detection_to_verified_ms"
+                " " + ms_between("decided_at", "detected_at") + " AS detection_to_decision_ms,"
+                " " + ms_between("applied_at", "detected_at") + " AS detection_to_applied_ms,"
+                " " + ms_between("verified_at", "detected_at") + " AS detection_to_verified_ms"
                 " FROM (" + steps + ") ORDER BY time",
                 "ms",
                 points=True,
@@ -465,10 +419,10 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Guard refusals",
                 "SELECT decided_at AS time, policy_id, operation, target_node_id AS node,"
-                " message FROM cgloop.loop_actions"
+                f" message FROM {LOOP_ACTIONS}"
                 " WHERE $__timeFilter(decided_at) AND final_state = 'ACTION_STATE_REFUSED'"
                 " ORDER BY decided_at DESC",
             ),
@@ -479,15 +433,16 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Verification results",
                 "SELECT r.time AS time, a.operation AS operation, r.verdict AS verdict,"
                 " r.verified_metric AS metric, r.before_value AS before, r.after_value AS after,"
                 " r.latency_before.p99_ns / 1e6 AS p99_before_ms,"
                 " r.latency_after.p99_ns / 1e6 AS p99_after_ms, r.verification_detail AS detail"
                 " FROM cgloop.action_results AS r FINAL"
-                " LEFT JOIN (SELECT id, any(operation) AS operation FROM cgloop.actions FINAL"
-                " GROUP BY id) AS a ON a.id = r.action_id"
+                " LEFT JOIN (SELECT id, any(operation) AS operation FROM cgloop.actions"
+                " WHERE id IN (SELECT action_id FROM cgloop.action_results WHERE"
+                " $__timeFilter(time)) GROUP BY id) AS a ON a.id = r.action_id"
                 " WHERE $__timeFilter(r.time) AND r.verdict != 'VERDICT_UNSPECIFIED'"
                 " ORDER BY r.time DESC",
             ),
@@ -497,29 +452,33 @@ def loop_audit() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Actions and their reasons",
-                "SELECT la.decided_at AS time, la.operation AS operation,"
+                "SELECT la.decided_at AS time,"
+                f" {level_name('la.level')} AS level, la.operation AS operation,"
                 " la.final_state AS state, la.dry_run AS dry_run,"
-                " arrayStringConcat(groupArray(d.kind), ', ') AS reasons,"
-                " any(la.message) AS message"
-                " FROM cgloop.loop_actions AS la"
-                " ARRAY JOIN la.reason_detection_ids AS detection_id"
+                " arrayStringConcat(arrayFilter(k -> k != '', groupArray(d.kind)), ', ')"
+                " AS reasons, any(la.cause) AS cause, any(la.message) AS message"
+                f" FROM {LOOP_ACTIONS} AS la"
+                # LEFT: a node-level action cites no detection; its cause says why
+                " LEFT ARRAY JOIN la.reason_detection_ids AS detection_id"
                 " LEFT JOIN (SELECT id, kind FROM cgloop.detections FINAL) AS d"
                 " ON d.id = detection_id WHERE $__timeFilter(la.decided_at)"
-                " GROUP BY la.action_id, la.decided_at, la.operation, la.final_state, la.dry_run"
-                " ORDER BY time DESC",
+                " GROUP BY la.action_id, la.decided_at, la.level, la.operation, la.final_state,"
+                " la.dry_run ORDER BY time DESC",
             ),
             12,
             8,
         )
     )
+    d.with_panel(lay.place(level_summary(), 12, 8))
+    d.with_panel(lay.place(node_actions(), 12, 8, optional=True))
     return d
 
 
 def nodes() -> db.Dashboard:
     uid = "cgloop-nodes"
-    lay = _Layout(uid)
+    lay = Layout(uid)
     node_filter = "node_id IN (${node:singlequote})"
     node_var = (
         db.QueryVariable("node")
@@ -534,19 +493,19 @@ def nodes() -> db.Dashboard:
         .include_all(True)
         .current(dm.VariableOption(selected=True, text="All", value="$__all"))
     )
-    d = _dashboard(
+    d = new_dashboard(
         uid,
         "cgloop / nodes",
         "Queues and traffic classes, CPU frequency and power of the nodes, active probe RTT.",
     ).with_variable(node_var)
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Queue delay (INT)",
                 "SELECT $__timeInterval(time) AS time,"
                 " concat('switch ', toString(switch_id), ' port ', toString(egress_port),"
                 " ' q', toString(queue_id)) AS queue, max(queue_latency_ns) / 1e3 AS delay_us"
-                " FROM cgloop.int_queue_records WHERE $__timeFilter(time)"
+                " FROM cgloop.int_queue_records WHERE $__timeFilter(int_queue_records.time)"
                 " GROUP BY time, queue ORDER BY time",
                 "µs",
             ),
@@ -556,12 +515,12 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Queue occupancy (INT)",
                 "SELECT $__timeInterval(time) AS time,"
                 " concat('switch ', toString(switch_id), ' port ', toString(egress_port),"
                 " ' q', toString(queue_id)) AS queue, max(queue_occupancy_cells) AS cells"
-                " FROM cgloop.int_queue_records WHERE $__timeFilter(time)"
+                " FROM cgloop.int_queue_records WHERE $__timeFilter(int_queue_records.time)"
                 " GROUP BY time, queue ORDER BY time",
                 "none",
             ),
@@ -571,7 +530,7 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Traffic per DSCP class",
                 "SELECT $__timeInterval(interval_start) AS time,"
                 " concat('dscp ', toString(last_dscp)) AS class,"
@@ -586,7 +545,7 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Probe RTT",
                 "SELECT $__timeInterval(sent) AS time, probe_id,"
                 " quantileExact(0.99)(rtt_ns) / 1e3 AS p99_rtt_us"
@@ -601,7 +560,7 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "CPU frequency per core",
                 "SELECT time, concat(node_id, ' cpu', toString(c.core)) AS core,"
                 " c.frequency_khz / 1e3 AS mhz FROM cgloop.node_samples"
@@ -616,7 +575,7 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Core utilisation",
                 "SELECT time, concat(node_id, ' cpu', toString(c.core)) AS core,"
                 " c.utilization AS utilisation FROM cgloop.node_samples"
@@ -631,7 +590,7 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _series(
+            series(
                 "Power",
                 "SELECT time, node_id, power_watts AS watts FROM cgloop.node_samples"
                 " WHERE $__timeFilter(time) AND " + node_filter + " ORDER BY time",
@@ -644,7 +603,7 @@ def nodes() -> db.Dashboard:
     )
     d.with_panel(
         lay.place(
-            _table(
+            table_panel(
                 "Packet functions",
                 "SELECT node_id, f.function_name AS function, f.core AS core,"
                 " max(f.packets) AS packets, max(f.forwarded_packets) AS forwarded"
@@ -656,6 +615,7 @@ def nodes() -> db.Dashboard:
             8,
         )
     )
+    queue_panels(d, lay, node_filter)
     return d
 
 

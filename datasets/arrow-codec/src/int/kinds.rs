@@ -213,3 +213,58 @@ static KNOWN_DROP_RECORD: Known = Known {
         (8, Some(&KNOWN_FIVE_TUPLE)),
     ],
 };
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use prost_types::field_descriptor_proto::Type;
+    use prost_types::FileDescriptorSet;
+
+    use super::*;
+
+    /// Every table of known fields is the proto's own message, field for field: the tables are
+    /// written out for speed, and this keeps them a reading of the contract, not a second copy
+    /// that can drift (a field added to int.proto or common.proto fails here until added).
+    #[test]
+    fn known_tables_are_the_protos_messages() {
+        let set = FileDescriptorSet::decode(cgloop_proto::descriptor_set()).expect("descriptors");
+        let messages: Vec<_> = set
+            .file
+            .iter()
+            .filter(|f| f.package() == "cgloop.v1")
+            .flat_map(|f| f.message_type.iter())
+            .collect();
+        let tables = [
+            &KNOWN_HEADER,
+            &KNOWN_FIVE_TUPLE,
+            &KNOWN_HOP,
+            &KNOWN_HOP_RECORD,
+            &KNOWN_FLOW_RECORD,
+            &KNOWN_QUEUE_RECORD,
+            &KNOWN_DROP_RECORD,
+        ];
+        for known in tables {
+            let message = messages
+                .iter()
+                .find(|m| m.name() == known.message)
+                .unwrap_or_else(|| panic!("{} is not a cgloop.v1 message", known.message));
+            let mut declared: Vec<(u32, Option<String>)> = message
+                .field
+                .iter()
+                .map(|f| {
+                    let nested = (f.r#type() == Type::Message)
+                        .then(|| f.type_name().rsplit('.').next().unwrap_or_default().to_owned());
+                    (f.number() as u32, nested)
+                })
+                .collect();
+            declared.sort();
+            let mut table: Vec<(u32, Option<String>)> = known
+                .fields
+                .iter()
+                .map(|(n, k)| (*n, k.map(|k| k.message.to_owned())))
+                .collect();
+            table.sort();
+            assert_eq!(table, declared, "{}", known.message);
+        }
+    }
+}

@@ -6,6 +6,7 @@
 | rate_cap | change the bottleneck's HTB rate (both the link class and its default leaf) |
 | loss | the eBPF random-drop program (`bpf.py`) on clsact egress of an interface |
 | ect1_abuse | an unresponsive ECT(1)-marked UDP flow through the bottleneck |
+| burst_flood | an unresponsive classic UDP flood in large bursts through the bottleneck |
 
 The loss fault is the lab's own until the node agent ships its BPF drop program; it uses
 filter priority LOSS_PRIO on clsact egress, so it can sit beside the agent's programs.
@@ -26,6 +27,7 @@ from cgloop.lab.sessions import (
     Ect1Spec,
     MediaSession,
     Session,
+    UdpBurstSpec,
     listening,
     make_session,
 )
@@ -73,7 +75,15 @@ class Ect1Abuse(_Fault, Ect1Spec):
     kind: Literal["ect1_abuse"] = "ect1_abuse"  # type: ignore[assignment]
 
 
-FaultSpec = Annotated[Congestion | RateCap | Loss | Ect1Abuse, Field(discriminator="kind")]
+class BurstFlood(_Fault, UdpBurstSpec):
+    """The classic UDP burst flood (UdpBurstSpec's fields) for the fault's duration."""
+
+    kind: Literal["burst_flood"] = "burst_flood"  # type: ignore[assignment]
+
+
+FaultSpec = Annotated[
+    Congestion | RateCap | Loss | Ect1Abuse | BurstFlood, Field(discriminator="kind")
+]
 
 
 class ActiveFault:
@@ -90,8 +100,8 @@ class ActiveFault:
     def prepare(self, start_at_ns: int) -> None:
         """Start generator-based faults ahead of time, set to begin at `start_at_ns`, so that
         Python start-up (a second or more on a busy machine) never delays their onset."""
-        if isinstance(self.spec, Ect1Abuse):
-            self._start_ect1(self.spec, start_at_ns)
+        if isinstance(self.spec, Ect1Abuse | BurstFlood):
+            self._start_flood(self.spec, start_at_ns)
             self.onset_ns = start_at_ns
         elif isinstance(self.spec, Congestion) and not listening(
             self.lab.ns(self.spec.dst), self.spec.port
@@ -103,8 +113,9 @@ class ActiveFault:
             bulk.listen()
             self.session = bulk
 
-    def _start_ect1(self, spec: Ect1Abuse, start_at_ns: int | None) -> None:
-        self.session = make_session(self.lab, self.ident, self.out_dir, _as(Ect1Spec, spec))
+    def _start_flood(self, spec: Ect1Abuse | BurstFlood, start_at_ns: int | None) -> None:
+        traffic = _as(Ect1Spec, spec) if isinstance(spec, Ect1Abuse) else _as(UdpBurstSpec, spec)
+        self.session = make_session(self.lab, self.ident, self.out_dir, traffic)
         self.session.start(spec.duration, start_at_ns)
 
     def apply(self) -> None:
@@ -115,8 +126,8 @@ class ActiveFault:
             if self.session is None:
                 self.session = make_session(lab, self.ident, self.out_dir, _as(BulkSpec, spec))
             self.session.start(spec.duration)
-        elif isinstance(spec, Ect1Abuse):
-            self._start_ect1(spec, None)
+        elif isinstance(spec, Ect1Abuse | BurstFlood):
+            self._start_flood(spec, None)
         elif isinstance(spec, RateCap):
             link = lab.topo.bottleneck()
             node, peer = (link.a, link.b) if spec.direction == "down" else (link.b, link.a)

@@ -16,7 +16,14 @@ from typing import Annotated, Literal
 
 from cgloop.lab import procs
 from cgloop.lab.lab import Lab
-from cgloop.lab.traffic.profiles import PROFILES, MediaProfile, StreamSpec, ect1_abuser
+from cgloop.lab.traffic.profiles import (
+    PROFILES,
+    MediaProfile,
+    StreamSpec,
+    ect1_abuser,
+    l4s_sender,
+    unresponsive_udp,
+)
 from cgloop.lab.traffic.stats import Packets
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,8 +73,32 @@ class Ect1Spec(_Spec):
     port: int = Field(51004, ge=1024, le=65535)
 
 
+class L4sSpec(_Spec):
+    """A responsive L4S sender: paced ECT(1) UDP that halves its rate on CE (its peer echoes
+    the CE marks it receives); the flow RFC 9957 queue protection must leave alone."""
+
+    kind: Literal["l4s"] = "l4s"
+    src: str = "apps"
+    dst: str = "home"
+    rate_mbit: float = Field(5.0, gt=0, le=1000)
+    port: int = Field(53004, ge=1024, le=65535)
+
+
+class UdpBurstSpec(_Spec):
+    """A classic (not ECT) unresponsive UDP flood in large back-to-back bursts: a queue that
+    builds at once, without TCP's slow start."""
+
+    kind: Literal["udp_burst"] = "udp_burst"
+    src: str = "apps"
+    dst: str = "home"
+    rate_mbit: float = Field(80.0, gt=0, le=1000)
+    burst_packets: int = Field(32, ge=1, le=256)
+    port: int = Field(52004, ge=1024, le=65535)
+
+
 TrafficSpec = Annotated[
-    GamingSpec | VideoCallSpec | WebSpec | BulkSpec | Ect1Spec, Field(discriminator="kind")
+    GamingSpec | VideoCallSpec | WebSpec | BulkSpec | Ect1Spec | UdpBurstSpec | L4sSpec,
+    Field(discriminator="kind"),
 ]
 
 
@@ -301,6 +332,15 @@ def make_session(lab: Lab, ident: str, out_dir: Path, spec: TrafficSpec) -> Sess
     if isinstance(spec, Ect1Spec):
         profile = MediaProfile(
             name="ect1", down=ect1_abuser(spec.rate_mbit, spec.burst_packets), up=None
+        )
+        return MediaSession(lab, ident, out_dir, profile, spec.src, spec.dst, spec.port)
+    if isinstance(spec, L4sSpec):
+        return MediaSession(
+            lab, ident, out_dir, l4s_sender(spec.rate_mbit), spec.src, spec.dst, spec.port
+        )
+    if isinstance(spec, UdpBurstSpec):
+        profile = MediaProfile(
+            name="udp-burst", down=unresponsive_udp(spec.rate_mbit, spec.burst_packets), up=None
         )
         return MediaSession(lab, ident, out_dir, profile, spec.src, spec.dst, spec.port)
     if isinstance(spec, BulkSpec):

@@ -24,7 +24,13 @@ from cgloop.lab.scenario import Report as LabReport
 from cgloop.lab.scenario import Runner, Scenario
 from cgloop.lab.sessions import GamingSpec, MediaSession
 from cgloop.lab.traffic.stats import Packets
-from cgloop.loop.edge import EdgePlan, agent_channel, configure_agent, wait_for_probe_records
+from cgloop.loop.edge import (
+    EdgePlan,
+    agent_channel,
+    agent_toml,
+    configure_agent,
+    wait_for_probe_records,
+)
 from cgloop.loop.services import (
     REFLECT_PORT,
     ServiceError,
@@ -59,9 +65,14 @@ def write_policies(folder: Path, plan: EdgePlan) -> Path:
 class LoopOptions:
     """How the loop reacts; `window_s` > 0 averages telemetry over windows (the MOSAICO-style
     baseline the benchmark compares against); `enabled=False` runs everything but the policy
-    engine (the no-loop baseline)."""
+    engine and the agent's micro loop (the no-loop baseline); `micro_loop=False` keeps the
+    global loop alone (today's loop: no queue protection, no latency guard on the node)."""
 
     enabled: bool = True
+    micro_loop: bool = True
+    # the engine takes the node's own actions as facts (verifies, may roll them back); off, it
+    # ignores them (the benchmark's control for what its verification of node moves does)
+    node_facts: bool = True
     latency_slo_ms: float = 20.0
     # how long a breach lasts before it fires: flow-record metrics (throughput, loss, jitter;
     # a record per 100 ms) and latency (probes every 10 ± 5 ms and their overdue notices)
@@ -132,6 +143,7 @@ class ClosedLoop:
         # The probe's pinned maps (bpffs is one per machine, not per namespace: one dir per lab)
         self.pin_dir = Path(f"/sys/fs/bpf/cgloop-{name}")
         self.name = name
+        self.agent_pid: int | None = None
 
     def _spawn(self, node: str, name: str, argv: list[str]):
         if self.lab is not None:
@@ -155,18 +167,16 @@ class ClosedLoop:
             say("bridge from the edge to the broker and the store")
 
         config = self.run_dir / "agent.toml"
-        config.write_text(
-            f'node_id = "{p.node}"\n'
-            f'journal_path = "{self.run_dir / "agent-journal.pb"}"\n'
-            f'kafka_bootstrap = "{self.settings.bootstrap_servers}"\n'
-            "[bounds]\n"
-            f'interfaces = ["{p.bottleneck}"]\n'
-        )
+        config.write_text(agent_toml(
+            p, str(self.run_dir / "agent-journal.pb"), self.settings.bootstrap_servers,
+            micro_loop=o.enabled and o.micro_loop,
+        ))
         agent = self._spawn(p.node, "node-agent", [
             str(agent_binary()), "serve", "--config", str(config),
             "--listen", f"unix:{self.agent_socket}", "--tls-dir", str(self.certs),
         ])
         s.wait_for(agent, s.log_says(agent, "listening on"), 30)
+        self.agent_pid = agent.proc.pid  # what the benchmark measures the agent's cost on
         for t in p.targets if self.lab is not None else []:
             # On real interfaces the clients run `cgloop-node-agent reflect` themselves. The
             # reflector listens on loopback unless told: here, the client's lab address, the
@@ -236,6 +246,7 @@ class ClosedLoop:
                 "--journal", str(self.loop_dir / "policy-journal.jsonl"),
                 "--group", policy_group,
                 "--source-id", self.policy_source,
+                *(() if o.node_facts else ("--no-node-facts",)),
             ], env=env)
             s.wait_for(policy, group_ready(self.settings.bootstrap_servers, policy_group), 90)
             say("policy engine")

@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         name: Annotated[str, typer.Option(help="lab name")] = "cgl",
         loop: Annotated[bool, typer.Option(help="run the policy engine (off: watch only)")] = True,
+        micro_loop: Annotated[
+            bool, typer.Option(help="the agent's node micro loop (off: the global loop alone)")
+        ] = True,
         keep_lab: Annotated[bool, typer.Option(help="leave the lab up afterwards")] = False,
         out: Annotated[Path | None, typer.Option(help="report directory")] = None,
         interface: Annotated[
@@ -66,8 +69,10 @@ def register(app: typer.Typer) -> None:
         lab = Lab(load_topology(name=name))
         lab.up()
         run_dir = out or lab.run_dir / time.strftime("loop-%Y%m%dT%H%M%S")
-        options = LoopOptions(enabled=loop)
+        options = LoopOptions(enabled=loop, micro_loop=micro_loop)
         closed = ClosedLoop(lab, sc, settings, run_dir, options)
+        label = ("no loop" if not loop else "two-level loop" if micro_loop
+                 else "global loop only")
         try:
             closed.start(say=lambda m: console.print(f"  started {m}"))
             console.print(
@@ -79,7 +84,7 @@ def register(app: typer.Typer) -> None:
                 settings.store_http_url, run_dir,
                 [(t.name, t.report.faults, t.packets) for t in trials],
                 options.latency_slo_ms, closed.policy_source,
-                "loop on" if loop else "no loop",
+                label, node=closed.plan.node,
             )
         except ServiceError as exc:
             err.print(f"[red]error[/red] {exc}")

@@ -1,11 +1,14 @@
-"""The loop's report: per fault, onset → detection → decision → action applied → verified →
-gaming latency recovered, and the gaming flows' latency before, during and after.
+"""The loop's report: per fault, the lever that acted first and its level (node: the agent's
+micro loop; micro/global: the policy engine), onset → detection → decision → action applied →
+verified → gaming latency recovered, and the gaming flows' latency before, during and after.
 
 Times come from two clocks that are the same clock here (CLOCK_REALTIME on one machine): fault
 onsets and the gaming packets' one-way delays from the lab (ground truth, measured at the
 receivers), detection/decision/applied/verified from the records the services wrote to the
-store. Recovery is read from the ground truth: the end of the last 250 ms window whose gaming
-p99 exceeded the SLO, when every later window of the fault stays under it.
+store: the policy engine's under its run's source id, the node agent's own (level NODE: RFC 9957
+sanctions, the latency guard's promotions) under `<node>/node-agent`. Recovery is read from
+the ground truth: the end of the last 250 ms window whose gaming p99 exceeded the SLO, when
+every later window of the fault stays under it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class FaultOutcome(BaseModel):
     kind: str
     onset_ns: int
     end_ns: int
+    # how much later than scheduled the fault's generator really sent its first packet (a
+    # Python generator starting on a loaded machine); onset_ns is that first packet
+    late_start_ms: float = 0.0
     # ground truth: did the fault push any gaming flow's p99 over the SLO, and when it was
     # back under (None: affected until the fault ended)
     affected: bool = False
@@ -64,6 +70,15 @@ class FaultOutcome(BaseModel):
     action: str | None = None
     # every detection between onset - 1 s and the fault's end: (ms after onset, kind, subject)
     detections: list[tuple[float, str, str]] = []
+    # the node's micro loop during the fault: (ms after onset, operation, flow "src>dst" ports)
+    node_actions: list[tuple[float, str, str]] = []
+    first_sanction_ns: int | None = None  # RFC 9957 queue protection's first sanction
+    first_promotion_ns: int | None = None  # the latency guard's first promotion
+    # the first lever applied during the fault, whichever level: node (the agent alone),
+    # micro or global (the policy engine), and when
+    first_level: str | None = None
+    first_lever: str | None = None
+    first_ns: int | None = None
     before: Latency = Latency()
     during: Latency = Latency()
     after: Latency = Latency()
@@ -113,10 +128,24 @@ def recovery(
 
 
 def _ns(x) -> int | None:
+    """ns since the epoch of a store time (a datetime: µs exact, no float rounding)."""
     if x is None:
         return None
-    ts = x.timestamp() if hasattr(x, "timestamp") else float(x)
-    return round(ts * 1e9) if ts > 0 else None
+    if hasattr(x, "timestamp"):
+        ns = int(x.replace(microsecond=0).timestamp()) * 1_000_000_000 + x.microsecond * 1000
+    else:
+        ns = round(float(x) * 1e9)
+    return ns if ns > 0 else None
+
+
+def effective_onset(ev: FaultEvent) -> int:
+    """When the fault really began: a generator fault's first packet when it left later than
+    its scheduled onset (its sender's first send, else the first packet its receiver saw)."""
+    up = ev.detail.get("up") if isinstance(ev.detail.get("up"), dict) else {}
+    for first in (up.get("first_send_ns"), ev.detail.get("first_packet_ns")):
+        if isinstance(first, int) and first > ev.onset_ns:
+            return first
+    return ev.onset_ns
 
 
 # Detections are looked for from this long before onset: a fault can be seen as it is applied.
@@ -143,14 +172,15 @@ def loop_timeline(client, onset: int, end: int, run_source: str) -> dict:
     out["detection_ns"] = _ns(rows[0][2])
     ids = [r[0] for r in rows]
     acts = client.query(
-        "SELECT id, operation, parameters, time FROM cgloop.actions FINAL "
+        "SELECT id, operation, parameters, time, level FROM cgloop.actions FINAL "
         "WHERE hasAny(reason_detection_ids, {ids:Array(String)}) AND source_id = {src:String} "
         "AND rollback_of_action_id = '' ORDER BY time LIMIT 1",
         parameters={"ids": ids, "src": run_source},
     ).result_rows
     if not acts:
         return out
-    aid, op, params, t = acts[0]
+    aid, op, params, t, level = acts[0]
+    out["level"] = _short(level, "ACTION_LEVEL_") or "global"
     out["action"] = f"{_short(op, 'ACTION_OPERATION_')} " + ",".join(
         f"{k}={v}" for k, v in sorted(params.items())
     )
@@ -171,6 +201,65 @@ def loop_timeline(client, onset: int, end: int, run_source: str) -> dict:
     return out
 
 
+# What the node's micro loop records (cgloop.actions.v1, level NODE); the agent's header source.
+SANCTION = "queue_protection_sanction"
+PROMOTION = "reprioritise_flow"
+# The latency guard's releases are REPRIORITISE_FLOW too; its cause says which (`released: …`).
+RELEASED = "released"
+RELEASE = "release"
+
+
+NODE_FIELDS = ("node_actions", "first_sanction_ns", "first_promotion_ns")
+
+
+def node_source(node: str) -> str:
+    return f"{node}/node-agent"
+
+
+def node_timeline(client, onset: int, end: int, node: str) -> dict:
+    """The agent's own actions applied in [onset, end): sanctions, promotions, frequency."""
+    rows = client.query(
+        "SELECT a.id, a.operation, a.time, a.target_flow_src_port, a.target_flow_dst_port, "
+        "r.applied, a.cause FROM (SELECT id, operation, time, target_flow_src_port, "
+        "target_flow_dst_port, cause FROM cgloop.actions FINAL WHERE source_id = {src:String} "
+        "AND level = 'ACTION_LEVEL_NODE' AND time >= fromUnixTimestamp64Nano({a:Int64}) "
+        "AND time < fromUnixTimestamp64Nano({b:Int64})) AS a "
+        "LEFT JOIN (SELECT action_id, max(applied) AS applied FROM cgloop.action_results FINAL "
+        "GROUP BY action_id) AS r ON r.action_id = a.id ORDER BY a.time LIMIT 1000",
+        parameters={"src": node_source(node), "a": onset, "b": end},
+    ).result_rows
+    out: dict = {"node_actions": []}
+    for _, op, t, sport, dport, applied, cause in rows:
+        at = _ns(applied) or _ns(t)
+        if at is None:
+            continue
+        op = _short(op, "ACTION_OPERATION_")
+        if op == PROMOTION and cause.startswith(RELEASED):
+            op = RELEASE
+        out["node_actions"].append((round((at - onset) / 1e6, 1), op, f"{sport}>{dport}"))
+        if op == RELEASE:
+            continue  # the guard undoing a promotion: not a lever against the fault
+        key = {SANCTION: "first_sanction_ns", PROMOTION: "first_promotion_ns"}.get(op)
+        if key and key not in out:
+            out[key] = at
+        if "first_ns" not in out:
+            out.update(first_ns=at, first_level="node", first_lever=op)
+    return out
+
+
+def first_lever(timeline: dict, node: dict, onset: int) -> dict:
+    """The node's first action or the engine's first applied one, whichever came first."""
+    out = {k: node[k] for k in ("first_ns", "first_level", "first_lever") if k in node}
+    applied = timeline.get("applied_ns")
+    if applied and applied >= onset and (out.get("first_ns") is None or applied < out["first_ns"]):
+        out = {
+            "first_ns": applied,
+            "first_level": timeline.get("level", "global"),
+            "first_lever": (timeline.get("action") or "").split(" ")[0] or None,
+        }
+    return out
+
+
 def build_report(
     store_url: str,
     run_dir: Path,
@@ -179,6 +268,7 @@ def build_report(
     run_source: str,
     loop: str,
     wait_s: float = 30.0,
+    node: str = "edge",
 ) -> LoopReport:
     """Wait until the store holds the run's last actions/results (the sink commits in batches),
     then put the timeline of every fault together."""
@@ -197,16 +287,22 @@ def build_report(
     time.sleep(2)  # the detections/actions topics flush on their own batch timers
     for trial, events, packets in trials:
         for ev in events:
-            end = ev.end_ns or ev.onset_ns
-            span = end - ev.onset_ns
-            affected, recovered = recovery(packets, ev.onset_ns, end, slo_ms)
+            onset = effective_onset(ev)
+            end = max(ev.end_ns or onset, onset)
+            span = end - onset
+            affected, recovered = recovery(packets, onset, end, slo_ms)
+            timeline = loop_timeline(client, onset, end, run_source)
+            local = node_timeline(client, onset, end, node)
             o = FaultOutcome(
-                trial=trial, fault=ev.id, kind=ev.kind, onset_ns=ev.onset_ns, end_ns=end,
-                affected=affected, recovered_ns=recovered,
-                **loop_timeline(client, ev.onset_ns, end, run_source),
+                trial=trial, fault=ev.id, kind=ev.kind, onset_ns=onset, end_ns=end,
+                late_start_ms=(onset - ev.onset_ns) / 1e6, affected=affected,
+                recovered_ns=recovered,
+                **{k: v for k, v in timeline.items() if k != "level"},
+                **{k: v for k, v in local.items() if k in NODE_FIELDS},
+                **first_lever(timeline, local, onset),
             )
-            o.before = _worst(packets, ev.onset_ns - span, ev.onset_ns)
-            o.during = _worst(packets, ev.onset_ns, end)
+            o.before = _worst(packets, onset - span, onset)
+            o.during = _worst(packets, onset, end)
             o.after = _worst(packets, end + 1_000_000_000, end + 1_000_000_000 + span)
             faults.append(o)
     counts = {}
@@ -231,17 +327,25 @@ def _f(x: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def first_cell(o: FaultOutcome) -> str:
+    """`12 ms reprioritise_flow (node)`: when, what and which level acted first."""
+    if o.first_ns is None:
+        return "none"
+    return f"{_f(o.ms(o.first_ns))} ms {o.first_lever or '?'} ({o.first_level})"
+
+
 def print_report(report: LoopReport, console: Console) -> None:
     t = Table(title=f"cgloop closed loop ({report.loop}): gaming SLO p99 < "
               f"{report.slo_p99_ms:g} ms; times in ms after the fault's onset")
-    for col in ("fault", "detected", "decided", "applied", "verified", "recovered",
-                "action / verdict", "gaming p99 before / during / after (ms)"):
+    for col in ("fault", "first lever (level)", "detected", "decided", "applied", "verified",
+                "recovered", "engine's action / verdict",
+                "gaming p99 before / during / after (ms)"):
         t.add_column(col)
     for o in report.faults:
         rec = ("not affected" if not o.affected
                else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
         t.add_row(
-            f"{o.fault} ({o.kind})",
+            f"{o.fault} ({o.kind})", first_cell(o),
             f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}".strip(),
             _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
             f"{o.action or '-'}\n{o.verdict or ''}".strip(),
@@ -272,7 +376,8 @@ def _plot(report: LoopReport, trials_packets: dict[str, list[Packets]]) -> str:
         ax.axhline(report.slo_p99_ms, color="k", lw=0.8, ls="--", label="SLO")
         ax.axvspan(0, (o.end_ns - o.onset_ns) / 1e9, color="tab:red", alpha=0.08, label="fault")
         for t, label, c in ((o.detection_ns, "detected", "tab:orange"),
-                            (o.applied_ns, "applied", "tab:green"),
+                            (o.first_ns, f"first lever ({o.first_level})", "tab:purple"),
+                            (o.applied_ns, "engine applied", "tab:green"),
                             (o.recovered_ns, "recovered", "tab:blue")):
             if t:
                 ax.axvline((t - o.onset_ns) / 1e9, color=c, lw=1, label=label)
@@ -294,15 +399,17 @@ def write_html(report: LoopReport, path: Path, trials_packets: dict[str, list[Pa
     for o in report.faults:
         rec = ("not affected" if not o.affected
                else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
-        cells = [f"{o.fault} ({o.kind})", f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}",
+        cells = [f"{o.fault} ({o.kind})", first_cell(o),
+                 f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}",
                  _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
                  f"{o.action or '-'} {o.verdict or ''}",
                  f"{_f(o.before.p99_ms, '{:.1f}')} / {_f(o.during.p99_ms, '{:.1f}')} / "
                  f"{_f(o.after.p99_ms, '{:.1f}')}"]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in (
-        "fault", "detected (ms)", "decided (ms)", "applied (ms)", "verified (ms)",
-        "recovered (ms)", "action / verdict", "gaming p99 before / during / after (ms)"))
+        "fault", "first lever (level)", "detected (ms)", "decided (ms)", "applied (ms)",
+        "verified (ms)",
+        "recovered (ms)", "engine's action / verdict", "gaming p99 before / during / after (ms)"))
     png = _plot(report, trials_packets)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>cgloop loop report</title>
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px;
@@ -318,4 +425,7 @@ Gaming flows classified: {report.gaming_flows_classified}. Rows in the store:
     return path
 
 
-__all__ = ["LoopReport", "build_report", "print_report", "recovery", "write_html"]
+__all__ = [
+    "LoopReport", "build_report", "first_lever", "node_timeline", "print_report", "recovery",
+    "write_html",
+]

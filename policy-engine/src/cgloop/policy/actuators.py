@@ -236,6 +236,17 @@ class NodeAgentActuator:
             if s.HasField("rewrite_dscp"):
                 rule.rewrite_dscp = s.rewrite_dscp
             return self._flow_class(node, key, dry, rule)
+        if isinstance(s, apb.ProtectFlowAction):
+            pf = na.ProtectedFlow(
+                interface_name=action.target.interface_name,
+                flow=action.target.flow,
+                latency_slo_ns=s.latency_slo_ns,
+                class_id=s.class_id,
+                ttl_ns=s.ttl_ns,
+            )
+            if s.HasField("rewrite_dscp"):
+                pf.rewrite_dscp = s.rewrite_dscp
+            return self._protect(node, key, dry, [pf])
         if isinstance(s, apb.SetClassRateAction):
             return self._class_rate(
                 node,
@@ -292,6 +303,10 @@ class NodeAgentActuator:
             return self._power(
                 node, rollback_id, action.dry_run, list(previous.power_policies.policies)
             )
+        if which == "protections":
+            return self._protect(
+                node, rollback_id, action.dry_run, restore_protections(t, previous.protections)
+            )
         raise ActuatorError(
             f"cannot roll back {apb.ActionOperation.Name(action.operation)} on the node agent: "
             f"no previous state recorded ({which or 'none'})"
@@ -339,6 +354,13 @@ class NodeAgentActuator:
             prev.chain.CopyFrom(resp.previous)
         return self._outcome(resp.outcome, apb.PreviousState(chain=prev))
 
+    def _protect(self, node: str, key: str, dry: bool, flows: list[na.ProtectedFlow]) -> Applied:
+        resp = self._call(
+            node, "ProtectFlows", na.ProtectFlowsRequest(action_id=key, dry_run=dry, flows=flows)
+        )
+        prev = apb.PreviousProtections(flows=list(resp.previous))
+        return self._outcome(resp.outcome, apb.PreviousState(protections=prev))
+
     def _power(self, node: str, key: str, dry: bool, policies: list[na.PowerPolicy]) -> Applied:
         prev = apb.PreviousPowerPolicies()
         outcome = None
@@ -355,6 +377,27 @@ class NodeAgentActuator:
         if outcome is None:
             raise ActuatorError("set_power_policy: no cores to set")
         return self._outcome(outcome, apb.PreviousState(power_policies=prev))
+
+
+def restore_protections(
+    target: apb.ActionTarget, previous: apb.PreviousProtections, now_ns: int | None = None
+) -> list[na.ProtectedFlow]:
+    """The ProtectFlows request that puts back the protections before a protect_flow: each one
+    that existed for the rest of its time to live (at least the agent's 1 s minimum), and the
+    target flow's removed (ttl 0) when it had none or its protection has lapsed since."""
+    now = time.time_ns() if now_ns is None else now_ns
+    out = []
+    for p in previous.flows:
+        if p.expires_ns <= now:
+            continue
+        back = na.ProtectedFlow()
+        back.CopyFrom(p)
+        back.ttl_ns = max(p.expires_ns - now, 1_000_000_000)
+        back.expires_ns, back.promoted, back.promotions = 0, False, 0  # read back, not sent
+        out.append(back)
+    if not any(p.interface_name == target.interface_name and p.flow == target.flow for p in out):
+        out.append(na.ProtectedFlow(interface_name=target.interface_name, flow=target.flow))
+    return out
 
 
 class OnosActuator:
@@ -544,6 +587,7 @@ class Router:
 
     NODE_OPS = (
         OP.ACTION_OPERATION_REPRIORITISE_FLOW,
+        OP.ACTION_OPERATION_PROTECT_FLOW,
         OP.ACTION_OPERATION_SET_CLASS_RATE,
         OP.ACTION_OPERATION_SET_CHAIN,
         OP.ACTION_OPERATION_SET_POWER_POLICY,

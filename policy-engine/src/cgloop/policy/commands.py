@@ -87,6 +87,10 @@ def run(
         Path | None,
         typer.Option(help="mutual TLS to the node agents: ca.pem, client.pem, client.key"),
     ] = None,
+    node_facts: Annotated[
+        bool,
+        typer.Option(help="read the node agents' own actions (cgloop.actions.v1) as facts"),
+    ] = True,
 ) -> None:
     """Run the engine: detections from Kafka in, actions to the node agents and Kafka out."""
     from cgloop.config import Settings
@@ -138,12 +142,19 @@ def run(
         f"Kafka {settings.bootstrap_servers}"
     )
     try:
-        service.run(engine, settings.bootstrap_servers, stop, group, state / "approvals")
+        service.run(
+            engine,
+            settings.bootstrap_servers,
+            stop,
+            group,
+            state / "approvals",
+            node_facts=node_facts,
+        )
     finally:
         if feed is not None:
             feed.stop()
         engine.journal.close()
-        console.print(f"stopped: {engine.stats}")
+        console.print(f"stopped: {engine.stats} {engine.facts.stats}")
 
 
 def pending(journal: Annotated[Path | None, typer.Option()] = None) -> None:

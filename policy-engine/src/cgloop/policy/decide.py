@@ -98,9 +98,14 @@ def target_key(op: Operation, target: apb.ActionTarget) -> str:
     parts = [f"node={target.node_id}"] if target.node_id else []
     if target.device_id:
         parts.append(f"device={target.device_id}")
-    if op in (Operation.REPRIORITISE_FLOW,) and target.HasField("flow"):
+    if op is Operation.PROTECT_FLOW:
+        # A key of its own: a protection renewed every few seconds never holds, cools down or
+        # keeps in flight the reprioritise_flow of the same flow.
+        parts.append("protect")
+    if op in (Operation.REPRIORITISE_FLOW, Operation.PROTECT_FLOW) and target.HasField("flow"):
         parts.append(f"flow={dets.flow_text(target.flow)}")
-    if op in (Operation.SET_CLASS_RATE, Operation.REPRIORITISE_FLOW) and target.interface_name:
+    per_interface = (Operation.SET_CLASS_RATE, Operation.REPRIORITISE_FLOW, Operation.PROTECT_FLOW)
+    if op in per_interface and target.interface_name:
         parts.append(f"if={target.interface_name}")
     if op in (Operation.ONOS_QUEUE,):
         parts.append(f"queue={target.queue_id}")

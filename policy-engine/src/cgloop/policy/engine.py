@@ -16,6 +16,7 @@ all on the records; `detection_to_apply_ns` is the loop latency up to the networ
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -26,11 +27,13 @@ from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.policy import decide, parameters, verify
+from cgloop.policy import facts as node_facts
 from cgloop.policy.actuators import Actuator, ActuatorError, Applied
 from cgloop.policy.decide import ID_NAMESPACE, OPERATION, OPERATION_NAME
 from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
 from cgloop.policy.journal import FINAL, Entry, Journal
-from cgloop.policy.model import Mode, Policy
+from cgloop.policy.leases import Leases, Standing
+from cgloop.policy.model import Mode, Operation, Policy
 from cgloop.policy.telemetry import TelemetryReader
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -51,6 +54,11 @@ class EngineStats(decide.DecideStats):
     failed: int = 0
     expired: int = 0
     skipped_known: int = 0
+    # protect_flow decisions not sent: the same protection is fresh on the node (leases)
+    renewals_skipped: int = 0
+    renewals: int = 0
+    # protect_flow decisions not sent: the last attempt failed less than retry_after_s ago
+    protect_backoff: int = 0
 
 
 @dataclass
@@ -77,6 +85,12 @@ class Engine:
     # one action in flight per target.
     apply_async: bool = False
     max_in_flight: int = 256
+    # A protect_flow is renewed once this fraction of its time to live has passed.
+    renew_after: float = 0.5
+    # Node-level actions (cgloop.policy.facts): how long after a node's flow-class change its
+    # effect is read, and the verdicts that roll it back.
+    node_verify_within_s: float = 1.0
+    node_rollback_on: frozenset[int] = frozenset({apb.VERDICT_WORSE})
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -90,6 +104,8 @@ class Engine:
         self._sequence = 0
         self._to_apply: list[tuple[Entry, int]] = []
         self._pool: ThreadPoolExecutor | None = None
+        self.leases = Leases(self.renew_after)
+        self.facts = node_facts.NodeFacts(verify_within_s=self.node_verify_within_s)
         self._resume()
 
     # --- records --------------------------------------------------------------------------
@@ -183,6 +199,36 @@ class Engine:
         self.tick()
         return self.drain(wait)
 
+    def observe(self, batch: apb.ActionBatch) -> None:
+        """Take in what the nodes did on their own (cgloop.policy.facts): node-level actions
+        and their results from cgloop.actions.v1; everything else on the topic (the engine's
+        own events among them) is ignored. A node's flow-class change is journaled and
+        verified like the engine's own actions; its verification is announced by `drain`."""
+        for ev in batch.events:
+            if ev.WhichOneof("event") == "action":
+                a = ev.action
+                if node_facts.is_node_record(a) and self.journal.get(a.id) is None:
+                    self.facts.action(a)
+                continue
+            action = self.facts.result(ev.result, self.clock())
+            if action is not None:
+                self._node_applied(action, ev.result)
+
+    def _node_applied(self, node_action: apb.Action, result: apb.ActionResult) -> None:
+        tkey = decide.target_key(Operation.REPRIORITISE_FLOW, node_action.target)
+        self.facts.applied(tkey, node_action)
+        action = apb.Action()
+        action.CopyFrom(node_action)
+        protect_key = decide.target_key(Operation.PROTECT_FLOW, node_action.target)
+        expected = self.facts.expectation(action, self.leases.live(protect_key, self.clock()))
+        if expected is not None:
+            action.expected_effect.CopyFrom(expected)
+        entry = Entry(action, None, tkey)
+        entry.result = apb.ActionResult()
+        entry.result.CopyFrom(result)
+        self.journal.record(entry)
+        self._schedule(entry)
+
     def _collect_applies(self, block: bool = False) -> None:
         """Take in the results of finished asynchronous applies (all of them with block)."""
         if not self._inflight:
@@ -202,10 +248,16 @@ class Engine:
         try:
             applied = fut.result()
         except ActuatorError as exc:
-            self.stats.failed += 1
-            self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+            self._failed(entry, exc)
             return
         self._applied(entry, applied, end)
+
+    def _failed(self, entry: Entry, exc: ActuatorError) -> None:
+        self.stats.failed += 1
+        a = entry.action
+        if a.operation == apb.ACTION_OPERATION_PROTECT_FLOW:
+            self.leases.failed(entry.target_key, self.clock())
+        self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
 
     def finish_applies(self) -> None:
         """Wait for every asynchronous apply and record its result."""
@@ -264,6 +316,31 @@ class Engine:
             # bus, were republished when the engine started (Journal.undelivered_events).
             self.stats.skipped_known += 1
             return
+        if refusal is None and p.action.operation is Operation.PROTECT_FLOW:
+            standing = self.leases.standing(tkey, action.protect_flow, now)
+            if tkey in self.guards.in_flight:
+                # A protect_flow of the flow is on its way: it answers for this detection too
+                # (new terms, if any, are sent on a detection after it).
+                standing = Standing.FRESH
+            if standing is Standing.FRESH:
+                self.stats.renewals_skipped += 1
+                return
+            if standing is Standing.BACKOFF:
+                self.stats.protect_backoff += 1
+                return
+            if standing is Standing.RENEWAL:
+                self.stats.renewals += 1
+                proposal = dataclasses.replace(proposal, renewal=True)
+        if (
+            refusal is None
+            and p.action.operation is Operation.REPRIORITISE_FLOW
+            and self.facts.holds(tkey, action.reprioritise_flow) is not None
+        ):
+            # The node's micro loop put the flow there already: nothing to order (the node's
+            # action is on the bus, and its verification; a record per detection would only
+            # repeat it).
+            self.facts.stats.node_held += 1
+            return
         if refusal is None:
             refusal = self.guards.check(proposal, now)
         if refusal is not None:
@@ -295,8 +372,7 @@ class Engine:
         try:
             applied = self.actuator.apply(entry.action)
         except ActuatorError as exc:
-            self.stats.failed += 1
-            self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+            self._failed(entry, exc)
             return
         self._applied(entry, applied, detection_end_ns)
 
@@ -316,6 +392,12 @@ class Engine:
             detection_to_apply_ns=max(0, loop),
             previous=applied.previous,
         )
+        if action.operation == apb.ACTION_OPERATION_PROTECT_FLOW:
+            self.leases.applied(
+                entry.target_key, action.id, action.protect_flow, self.clock(), action.dry_run
+            )
+        if action.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW and not action.dry_run:
+            self.facts.overridden(entry.target_key)
         self._schedule(entry)
 
     def _schedule(self, entry: Entry) -> None:
@@ -364,7 +446,11 @@ class Engine:
         expect = policy.action.expect if policy else None
         baseline_ns = int((expect.baseline_window if expect else 2.0) * NS)
         tolerance = expect.worse_tolerance if expect else 0.1
-        rollback_on = verify.rollback_verdicts(policy)
+        rollback_on = (
+            set(self.node_rollback_on)
+            if node_facts.is_node_record(action)
+            else verify.rollback_verdicts(policy)
+        )
         applied = entry.result.applied_ns
         before = self.telemetry.read(
             e.metric, action, applied - baseline_ns, applied, phase="before"
@@ -409,7 +495,8 @@ class Engine:
             id=rb_id,
             reason_detection_ids=list(original.reason_detection_ids),
             policy_id=original.policy_id,
-            level=original.level,
+            # The engine rolls back a node's own action: its decision, applied on the node.
+            level=apb.ACTION_LEVEL_MICRO if node_facts.is_node_record(original) else original.level,
             target=original.target,
             operation=original.operation,
             deadline_ns=now + 5 * NS,
@@ -444,6 +531,9 @@ class Engine:
             verification=apb.Verification(verdict=apb.VERDICT_NOT_CHECKED, detail="rollback"),
         )
         self.stats.rolled_back += 1
+        self.leases.ended(entry.target_key, original.id)
+        if original.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW:
+            self.facts.overridden(entry.target_key)  # the flow is back where it was
         self._result(
             entry,
             apb.ACTION_STATE_ROLLED_BACK,
@@ -480,12 +570,13 @@ class Engine:
         """Rebuild guard state and finish what a previous run left open."""
         for action_id in self.journal.order:
             entry = self.journal.entries[action_id]
+            # Only the engine's own headers count (a node's records have their own sequence).
+            headers = [entry.action.header, *([entry.result.header] if entry.result else [])]
             self._sequence = max(
-                self._sequence,
-                entry.action.header.sequence,
-                entry.result.header.sequence if entry.result else 0,
+                [self._sequence, *(h.sequence for h in headers if h.source_id == self.source_id)]
             )
             p = self.by_id.get(entry.action.policy_id)
+            self._resume_fact(entry)
             if entry.action.rollback_of_action_id or entry.action.state == apb.ACTION_STATE_REFUSED:
                 continue
             op = OPERATION_NAME.get(entry.action.operation)
@@ -496,6 +587,15 @@ class Engine:
                 )
             if entry.state in FINAL and entry.result is not None:
                 self.guards.finished(entry.target_key, action_id, entry.result.header.timestamp_ns)
+            a = entry.action
+            if (
+                a.operation == apb.ACTION_OPERATION_PROTECT_FLOW
+                and entry.state in (apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED)
+                and entry.result is not None
+            ):
+                self.leases.applied(
+                    entry.target_key, a.id, a.protect_flow, entry.result.applied_ns, a.dry_run
+                )
         # Events journaled but never acknowledged by Kafka before the previous run ended (a
         # crash between the journal's commit and the producer's flush): announced first, in
         # their order, before anything this run adds to the same actions.
@@ -509,6 +609,17 @@ class Engine:
                 self._apply(entry)
             elif entry.state == apb.ACTION_STATE_APPLIED:
                 self._schedule(entry)
+
+    def _resume_fact(self, entry: Entry) -> None:
+        """Where the nodes put flows, replayed in decision order: a node's change, or the
+        engine's own later change that overrode it."""
+        a = entry.action
+        if a.operation != apb.ACTION_OPERATION_REPRIORITISE_FLOW or a.dry_run:
+            return
+        if node_facts.is_node_record(a):
+            self.facts.applied(entry.target_key, a)
+        elif entry.state in (apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED):
+            self.facts.overridden(entry.target_key)
 
 
 def events_by_key(events: Iterable[apb.ActionEvent]) -> dict[str, apb.ActionBatch]:

@@ -22,16 +22,13 @@ from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
+from cgloop.policy import fake_guard
+from cgloop.policy.fake_guard import handle
 from cgloop.policy.planners import catalogue
 from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1 import node_agent_pb2_grpc as na_grpc
 
 MAX_DEPTH = 8  # HTB's levels (queues.rs)
-
-
-def handle(class_id: int) -> str:
-    """tc's major:minor form of a class handle, as the agent writes it (1:10)."""
-    return f"{class_id >> 16:x}:{class_id & 0xFFFF:x}"
 
 
 def hierarchy(interface: str = "veth0", ceil_bps: int = 1_000_000_000) -> na.QueueHierarchy:
@@ -74,6 +71,8 @@ class AgentBounds:
     max_chains: int = 128
     max_classes: int = 64
     max_burst_bytes: int = 64 * 1024 * 1024
+    # The agent's [guard] max_protected_flows (ProtectFlows).
+    max_protected_flows: int = 256
 
     def interface(self, what: str, name: str) -> None:
         if not name:
@@ -264,6 +263,8 @@ class MemoryAgentState:
     hierarchies: dict[str, na.QueueHierarchy] = field(default_factory=dict)
     chains: dict[str, na.ServiceChain] = field(default_factory=dict)
     power: dict[int, na.PowerPolicy] = field(default_factory=dict)
+    # (interface, serialised five-tuple) -> the latency guard's protection (fake_guard)
+    protections: dict[fake_guard.Key, na.ProtectedFlow] = field(default_factory=dict)
     generation: int = 0
 
 
@@ -334,6 +335,11 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
                 f"interface {interface} has no queue hierarchy from this agent; apply one first",
             )
         return h
+
+    def _classes(self, interface: str) -> tuple[set[int], set[int]]:
+        """The leaf classes and all classes of the interface's tree (refused without one)."""
+        h = self._tree(interface)
+        return leaves(h), {c.class_id for c in h.classes}
 
     def ApplyQueueHierarchy(self, request, context):
         def build(start: int) -> na.ApplyQueueHierarchyResponse:
@@ -519,9 +525,37 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
 
         return self._once("SetPowerPolicy", request, context, build)
 
+    def ProtectFlows(self, request, context):
+        def build(start: int) -> na.ProtectFlowsResponse:
+            if not request.flows:
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "flows is empty: name a flow to protect (or to release with ttl_ns 0)",
+                )
+            for i, p in enumerate(request.flows):
+                self.bounds.interface(f"flows[{i}].interface_name", p.interface_name)
+                problem = fake_guard.check(i, p, self._classes)
+                if problem is not None:
+                    raise Refused(*problem)
+            now = time.time_ns()
+            fake_guard.expire(self.state.protections, now)
+            after, resp, changed, summary = fake_guard.protect(
+                self.state.protections, request, now
+            )
+            problem = fake_guard.too_many(after, self.bounds.max_protected_flows)
+            if problem is not None:
+                raise Refused(*problem)
+            if not request.dry_run:
+                self.state.protections = after
+            resp.outcome.CopyFrom(self._outcome(changed, request.dry_run, start, summary))
+            return resp
+
+        return self._once("ProtectFlows", request, context, build)
+
     def GetState(self, request, context):
         with self._lock:
             self.calls.append(("GetState", ""))
+            fake_guard.expire(self.state.protections, time.time_ns())
             return na.GetStateResponse(
                 state=na.NodeState(
                     node_id=self.node_id,
@@ -531,6 +565,7 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
                     flow_classes=list(self.state.flow_rules.values()),
                     power_policies=_groups(self.state.power),
                     chains=[reported(c) for c in self.state.chains.values()],
+                    protected_flows=list(self.state.protections.values()),
                 )
             )
 

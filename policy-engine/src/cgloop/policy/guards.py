@@ -46,6 +46,9 @@ class Proposal:
     node_id: str = ""
     addresses: tuple[str, ...] = ()
     device_id: str = ""
+    # Only extends a protection already in place (cgloop.policy.leases): no change to hold,
+    # cool down, limit or budget, so those guards do not count it.
+    renewal: bool = False
 
 
 @dataclass
@@ -91,6 +94,8 @@ class GuardBook:
         busy = self.in_flight.get(p.target_key)
         if busy and busy != p.action_id:
             return Refusal("in_flight", f"action {busy} is still in flight on {p.target_key}")
+        if p.renewal:
+            return None
         last = self.last_by_policy.get((p.policy.id, p.target_key))
         if last is not None and now_ns - last < g.hold_time * NS:
             left = (last + g.hold_time * NS - now_ns) / NS
@@ -128,6 +133,8 @@ class GuardBook:
     def started(self, p: Proposal, now_ns: int) -> None:
         """An action was accepted (proposed for approval, or about to be applied)."""
         self.in_flight[p.target_key] = p.action_id
+        if p.renewal:
+            return
         self.last_by_policy[(p.policy.id, p.target_key)] = now_ns
         self.history[(p.operation, p.target_key)].append(now_ns)
         self.applied.append(now_ns)

@@ -235,10 +235,16 @@ class Journal:
         out = []
         for action_id in self.order:
             entry = self.entries[action_id]
-            if entry.action.header.sequence > entry.delivered:
+            # A node's own action (taken in as a fact) is the node's to announce: only what the
+            # engine added to it (its verification, a rollback's outcome) is the engine's.
+            node = entry.action.level == apb.ACTION_LEVEL_NODE
+            if not node and entry.action.header.sequence > entry.delivered:
                 out.append(apb.ActionEvent(action=entry.action))
-            if entry.result is not None and entry.result.header.sequence > entry.delivered:
-                out.append(apb.ActionEvent(result=entry.result))
+            r = entry.result
+            if r is None or r.header.sequence <= entry.delivered:
+                continue
+            if not node or r.header.source_id != entry.action.header.source_id:
+                out.append(apb.ActionEvent(result=r))
         return out
 
     @property

@@ -64,9 +64,10 @@ class Strict(BaseModel):
 
 
 # cgloop.v1.ActionOperation, named like the members of Action.spec (reprioritise_flow ...):
-# the operations a policy can order are the ones the contract has a message for.
+# the operations a policy can order are the ones the contract has a message for, but for those
+# only a node agent records (parameters.NODE_ONLY).
 Operation = StrEnum(  # type: ignore[misc]
-    "Operation", {name.upper(): name for name in parameters.MESSAGES}
+    "Operation", {name.upper(): name for name in parameters.ORDERABLE}
 )
 
 
@@ -312,7 +313,7 @@ def json_schema() -> dict[str, Any]:
     defs["PolicyFile"] = schema
     # Each operation's parameters, from the descriptors of the messages the loader checks.
     conditions = []
-    for op, descriptor in parameters.MESSAGES.items():
+    for op, descriptor in parameters.ORDERABLE.items():
         defs[descriptor.name] = parameters.json_schema(descriptor, defs)
         conditions.append(
             {

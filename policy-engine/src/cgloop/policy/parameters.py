@@ -39,6 +39,11 @@ SPEC = apb.Action.DESCRIPTOR.oneofs_by_name["spec"]
 MESSAGES: dict[str, Descriptor] = {
     f.name: f.message_type for f in SPEC.fields if f.name != "rollback"
 }
+# Operations only a node agent records (action.proto: "Node level only"): what its micro loop did
+# on its own. The engine reads them as facts; a policy cannot order them.
+NODE_ONLY = frozenset({"queue_protection_sanction", "set_core_frequency"})
+# What a policy can order.
+ORDERABLE: dict[str, Descriptor] = {k: v for k, v in MESSAGES.items() if k not in NODE_ONLY}
 
 _INT_RANGE = {
     FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
@@ -241,6 +246,10 @@ def _reprioritise(m: apb.ReprioritiseFlowAction) -> list[Problem]:
     return _leaf_handle("class_id", m.class_id)
 
 
+def _protect(m: apb.ProtectFlowAction) -> list[Problem]:
+    return _leaf_handle("class_id", m.class_id)
+
+
 def _class_rate(m: apb.SetClassRateAction) -> list[Problem]:
     out = _leaf_handle("class_id", m.class_id)
     if m.HasField("ceil_bps") and m.ceil_bps < m.rate_bps:
@@ -308,6 +317,7 @@ def _intent(m: apb.OnosIntentAction) -> list[Problem]:
 # Rules across fields or beyond a range, per operation (after the descriptor checks).
 _RULES: dict[str, Callable[[Any], list[Problem]]] = {
     "reprioritise_flow": _reprioritise,
+    "protect_flow": _protect,
     "set_class_rate": _class_rate,
     "set_power_policy": _power,
     "set_chain": _chain,

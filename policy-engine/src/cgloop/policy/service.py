@@ -8,6 +8,11 @@ follow no detection offset: the journal tracks which events Kafka acknowledged, 
 restarted engine republishes every journaled event that was not (Journal.undelivered_events),
 so a crash between the journal's commit and the producer's flush loses none of them.
 
+With `node_facts` the engine also reads cgloop.actions.v1 (its own group, from where it left
+off): the node agents' own actions (level NODE) become facts (`Engine.observe`), journaled and
+committed like detections; everything else on the topic, the engine's own events among them,
+is skipped.
+
 Detections come through the bus's strict decoder (`BatchConsumer` -> `codec.decode`): a
 message without the right type and schema-version headers, of another batch type, or with a
 record the decoder refuses goes to the dead-letter topic with the reason and decides nothing.
@@ -67,6 +72,7 @@ def run(
     approvals: Path | None = None,
     poll_s: float = 0.05,
     max_messages: int = 64,
+    node_facts: bool = True,
 ) -> None:
     """Consume detections until `stop`, pipelined: decisions never wait for the disk.
 
@@ -80,14 +86,15 @@ def run(
     taken but not yet applied is re-applied by the journal's resume, and an event never
     acknowledged by Kafka is republished.
     """
-    consumer = BatchConsumer(bootstrap, group_id, [DETECTIONS], source_id=engine.source_id)
+    inputs = [DETECTIONS, ACTIONS] if node_facts else [DETECTIONS]
+    consumer = BatchConsumer(bootstrap, group_id, inputs, source_id=engine.source_id)
     producer = BatchProducer(bootstrap, client_id=engine.source_id)
     # Rounds decided but not committed yet: (journal sequence after the round, last message
-    # per partition), oldest first.
-    uncommitted: deque[tuple[int, dict[int, object]]] = deque()
+    # per topic and partition), oldest first.
+    uncommitted: deque[tuple[int, dict[tuple[str, int], object]]] = deque()
 
     def commit(upto_seq: int, asynchronous: bool = True) -> None:
-        last: dict[int, object] = {}
+        last: dict[tuple[str, int], object] = {}
         while uncommitted and uncommitted[0][0] <= upto_seq:
             last.update(uncommitted.popleft()[1])
         for msg in last.values():
@@ -117,19 +124,22 @@ def run(
         announce(engine.drain())
         while not stop.is_set():
             # Take what is waiting (up to max_messages): one decision round, one flush.
-            last: dict[int, object] = {}
+            last: dict[tuple[str, int], object] = {}
             combined = dpb.DetectionBatch()
             taken = 0
             item = consumer.poll(0.001 if engine.busy else poll_s)
             while item is not None:
-                _, batch, msg = item
-                combined.records.extend(batch.records)  # type: ignore[attr-defined]
-                last[msg.partition()] = msg
+                t, batch, msg = item
+                if t.name == ACTIONS:
+                    engine.observe(batch)  # type: ignore[arg-type]
+                else:
+                    combined.records.extend(batch.records)  # type: ignore[attr-defined]
+                last[(msg.topic(), msg.partition())] = msg
                 taken += 1
                 item = consumer.poll(0.001) if taken < max_messages else None
             durable = engine.journal.durable_seq
             # handle() returns the events whose rows are durable already (read just before).
-            events = engine.handle(combined, wait=False) if taken else []
+            events = engine.handle(combined, wait=False) if taken else []  # also observed
             if taken:
                 uncommitted.append((engine.journal.seq, last))
             engine.tick()

@@ -21,6 +21,7 @@ from cgloop.policy.fake_agent import (  # noqa: F401  (re-exported for the tests
     Refused,
     hierarchy,
 )
+from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
 from cgloop.v1.probe_pb2 import ProbeRecordBatch
@@ -81,8 +82,8 @@ def detection(
     det.evidence.add(name="p99_latency_ns", value=48e6, threshold=30e6, baseline=12e6, unit="ns")
     if subject:
         for k, v in subject.items():
-            if k == "queue":
-                det.queue.CopyFrom(v)  # type: ignore[arg-type]
+            if k in ("queue", "flow", "link"):  # message fields
+                getattr(det, k).CopyFrom(v)
             else:
                 setattr(det, k, v)
     else:
@@ -113,3 +114,87 @@ def probes(
             rtt_ns=rtt_ns,
         )
     return batch
+
+
+def node_flow_move(
+    class_id: int,
+    dscp: int,
+    previous: int | None,
+    at_ns: int,
+    ft: FiveTuple | None = None,
+    node_id: str = "node-a",
+    interface: str = "veth0",
+    action_id: str | None = None,
+) -> apb.ActionBatch:
+    """What a node agent's latency guard announces when it moves a flow on its own: a
+    node-level reprioritise_flow and its APPLIED result (previous: the flow's class before,
+    None for no rule)."""
+    action_id = action_id or str(uuid.uuid4())
+    source = f"{node_id}/node-agent"
+    action = apb.Action(
+        header=_header(source, at_ns),
+        id=action_id,
+        level=apb.ACTION_LEVEL_NODE,
+        operation=apb.ACTION_OPERATION_REPRIORITISE_FLOW,
+        target=apb.ActionTarget(node_id=node_id, interface_name=interface, flow=ft or flow()),
+        state=apb.ACTION_STATE_PROPOSED,
+        cause="class 1:30 queue delay 6.1 ms >= guard 5.0 ms",
+    )
+    action.reprioritise_flow.class_id = class_id
+    action.reprioritise_flow.rewrite_dscp = dscp
+    prev = apb.PreviousFlowClass()
+    if previous is not None:
+        prev.class_id = previous
+    result = apb.ActionResult(
+        header=_header(source, at_ns),
+        action_id=action_id,
+        state=apb.ACTION_STATE_APPLIED,
+        applied_ns=at_ns,
+        apply_latency_ns=40_000,
+        previous=apb.PreviousState(flow_class=prev),
+    )
+    batch = apb.ActionBatch()
+    batch.events.add(action=action)
+    batch.events.add(result=result)
+    return batch
+
+
+def _header(source_id: str, at_ns: int) -> RecordHeader:
+    return RecordHeader(
+        schema_version=SCHEMA_VERSION, source_id=source_id, sequence=next(_seq), timestamp_ns=at_ns
+    )
+
+
+GAMING_LABELS = {
+    "node_id": "node-a", "interface": "veth0", "class": "cloud_gaming", "platform": "std",
+}
+
+
+def classified(now_ns: int, client: str = CLIENT, port: int = 40000, **labels: str):
+    """The classifier's detection of a cloud-gaming flow (every check while it is seen)."""
+    return detection(
+        now_ns,
+        kind=dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
+        severity=dpb.SEVERITY_INFO,
+        labels={**GAMING_LABELS, **labels},
+        flow=flow(client, port),
+    )
+
+
+def reprioritise_policy(
+    policy_id: str = "gaming",
+    kind: str = "slo_latency",
+    class_id: int = 0x10010,
+    dscp: int = 46,
+    guards: str = "{hold_time: 0s}",
+) -> str:
+    """A reprioritise_flow policy on the node and interface the detection labels name."""
+    return f"""
+id: {policy_id}
+match: {{kinds: [{kind}], subject: flow}}
+action:
+  operation: reprioritise_flow
+  target: {{node_id: "{{label:node_id}}", interface_name: "{{label:interface}}"}}
+  parameters: {{class_id: {class_id:#x}, rewrite_dscp: {dscp}}}
+guards: {guards}
+"""

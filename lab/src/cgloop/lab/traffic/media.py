@@ -26,6 +26,9 @@ from cgloop.lab.traffic.stats import Packets
 RTP = struct.Struct("!BBHII")  # V/P/X/CC, M/PT, sequence, timestamp, SSRC
 STAMP = struct.Struct("!QIHH")
 HEADER_BYTES = RTP.size + STAMP.size
+# A `ce_echo` stream's packets carry, after the stamp, the CE-marked packets received so far.
+CE_ECHO = struct.Struct("!I")
+CE_ECHO_PT = 102
 RTP_CLOCK_HZ = 90_000
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -40,7 +43,7 @@ def rtp_packet(
     seq: int, ts: int, ssrc: int, pt: int, marker: bool, stamp: bytes, size: int
 ) -> bytes:
     head = RTP.pack(0x80, (0x80 if marker else 0) | pt, seq & 0xFFFF, ts & 0xFFFFFFFF, ssrc)
-    return head + stamp + bytes(max(size - HEADER_BYTES, 0))
+    return head + stamp + bytes(max(size - RTP.size - len(stamp), 0))
 
 
 def parse(data: bytes) -> tuple[int, int, int] | None:
@@ -64,8 +67,16 @@ class Sender(threading.Thread):
         stop: threading.Event,
         seed: int | None = None,
         start_at_ns: int | None = None,
+        feedback: Receiver | None = None,
     ) -> None:
         super().__init__(name="sender", daemon=True)
+        # the receiver on the same socket: CE counts to echo, or the peer's echo to react to
+        self.feedback = feedback
+        self.rate_factor = 1.0
+        self.rate_cuts = 0
+        self.min_rate_factor = 1.0
+        self._ce_seen = 0
+        self._last_change = 0.0
         self.sock, self.peer, self.spec, self.duration, self.stop = sock, peer, spec, duration, stop
         self.rng = random.Random(seed)
         self.ssrc = self.rng.getrandbits(32)
@@ -80,6 +91,7 @@ class Sender(threading.Thread):
             self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, spec.tos)
         frame_bytes = spec.rate_kbps * 1000 / 8 / spec.fps
         period = 1.0 / spec.fps
+        pt = CE_ECHO_PT if spec.ce_echo else spec.payload_type
         if self.start_at_ns is not None:  # a scheduled start: the fault's onset is exact
             self.stop.wait(max(self.start_at_ns - time.time_ns(), 0) / 1e9)
         self.first_send_ns = time.time_ns()
@@ -95,7 +107,9 @@ class Sender(threading.Thread):
             if due > now:
                 self.stop.wait(due - now)
                 continue
-            size = (
+            if spec.responsive:
+                self._react(now)
+            size = self.rate_factor * (
                 frame_bytes * max(0.2, self.rng.gauss(1.0, spec.size_cv))
                 if spec.size_cv
                 else (frame_bytes)
@@ -106,8 +120,10 @@ class Sender(threading.Thread):
             pace = 0.0 if spec.burst else period / count
             for i in range(count):
                 stamp = STAMP.pack(time.time_ns(), frame, i, count)
+                if spec.ce_echo and self.feedback is not None:
+                    stamp += CE_ECHO.pack(self.feedback.ecn[3] & 0xFFFFFFFF)
                 pkt = rtp_packet(
-                    seq, ts, self.ssrc, spec.payload_type, i == count - 1, stamp, per_packet
+                    seq, ts, self.ssrc, pt, i == count - 1, stamp, per_packet
                 )
                 try:
                     self.sock.sendto(pkt, self.peer)
@@ -120,6 +136,21 @@ class Sender(threading.Thread):
                     time.sleep(pace)
             frame += 1
         self.frames = frame
+
+    def _react(self, now: float) -> None:
+        """Halve the rate when the peer echoes new CE marks (once per reaction interval, as an
+        L4S sender reacts once per round trip), else grow back by 2 % per interval."""
+        if self.feedback is None or now - self._last_change < self.spec.react_ms / 1000:
+            return
+        echoed = self.feedback.echoed_ce
+        if echoed > self._ce_seen:
+            self._ce_seen = echoed
+            self.rate_factor = max(self.rate_factor / 2, 0.05)
+            self.rate_cuts += 1
+            self.min_rate_factor = min(self.min_rate_factor, self.rate_factor)
+        else:
+            self.rate_factor = min(1.0, self.rate_factor + 0.02)
+        self._last_change = now
 
 
 class Receiver:
@@ -138,6 +169,7 @@ class Receiver:
         self.recv_ns, self.size = array("q"), array("q")
         self.malformed = 0
         self.ecn = [0, 0, 0, 0]
+        self.echoed_ce = 0  # the peer's count of CE marks it received (a ce_echo stream)
         self.socket_drops = 0
         self._max: int | None = None
 
@@ -175,7 +207,9 @@ class Receiver:
             if parsed is None:
                 self.malformed += 1
                 continue
-            seq16, send_ns, _ = parsed
+            seq16, send_ns, pt = parsed
+            if pt == CE_ECHO_PT and len(data) >= HEADER_BYTES + CE_ECHO.size:
+                self.echoed_ce = max(self.echoed_ce, CE_ECHO.unpack_from(data, HEADER_BYTES)[0])
             if tos is not None:
                 self.ecn[tos & 0x3] += 1
             self.seq.append(self._extend(seq16))
@@ -209,7 +243,11 @@ def run_peer(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(bind)
     receiver = Receiver(sock)
-    sender = Sender(sock, peer, send, duration, stop, start_at_ns=start_at_ns) if send else None
+    sender = (
+        Sender(sock, peer, send, duration, stop, start_at_ns=start_at_ns, feedback=receiver)
+        if send
+        else None
+    )
     started_ns = time.time_ns()
     late_ms = (started_ns - start_at_ns) / 1e6 if start_at_ns else None
     delay = max((start_at_ns or started_ns) - started_ns, 0) / 1e9
@@ -235,6 +273,9 @@ def run_peer(
         "malformed": receiver.malformed,
         "socket_drops": receiver.socket_drops,
         "ecn": dict(zip(ECN_NAMES, receiver.ecn, strict=True)),
+        "echoed_ce": receiver.echoed_ce,
+        "rate_cuts": sender.rate_cuts if sender else 0,
+        "min_rate_factor": sender.min_rate_factor if sender else 1.0,
         "summary": packets.summary().model_dump(),
     }
     if out:

@@ -23,6 +23,12 @@ class StreamSpec(BaseModel):
     size_cv: float = Field(default=0.15, ge=0, le=2, description="frame size variation")
     tos: int = Field(default=0, ge=0, le=255, description="IP TOS byte (ECN in the low 2 bits)")
     payload_type: int = Field(default=96, ge=0, le=127)
+    # Congestion feedback for a responsive (L4S) sender: a stream with `ce_echo` carries the
+    # number of CE-marked packets its peer has received so far; a `responsive` stream halves its
+    # rate when that number grows (at most once per `react_ms`) and grows back additively.
+    ce_echo: bool = False
+    responsive: bool = False
+    react_ms: float = Field(default=20.0, gt=0, le=10_000)
 
 
 class MediaProfile(BaseModel):
@@ -70,6 +76,28 @@ def ect1_abuser(rate_mbit: float, burst_packets: int = 4) -> StreamSpec:
 
     It sends `burst_packets` back to back per send event (unpaced micro-bursts, MOSAICO §2.3.2).
     """
+    return unresponsive_udp(rate_mbit, burst_packets, tos=0x01)
+
+
+def l4s_sender(rate_mbit: float) -> MediaProfile:
+    """A responsive L4S sender: paced ECT(1) UDP at up to `rate_mbit` that halves its rate on
+    CE (echoed by its peer every 10 ms) and grows back by 2 % of it per reaction interval."""
+    payload = 1200
+    return MediaProfile(
+        name="l4s",
+        down=StreamSpec(
+            rate_kbps=rate_mbit * 1000, fps=max(rate_mbit * 1e6 / 8 / payload / 4, 1.0),
+            payload_max=payload, burst=False, size_cv=0.0, tos=0x01, payload_type=101,
+            responsive=True,
+        ),
+        up=StreamSpec(rate_kbps=64, fps=100, payload_max=80, size_cv=0.0, ce_echo=True,
+                      payload_type=102),
+    )
+
+
+def unresponsive_udp(rate_mbit: float, burst_packets: int, tos: int = 0) -> StreamSpec:
+    """UDP at `rate_mbit` in bursts of `burst_packets` back to back, deaf to congestion; `tos`
+    0 (not ECT) is a classic flood, 0x01 (ECT(1)) an L4S abuser."""
     payload = 1200
     pps = rate_mbit * 1e6 / 8 / payload
     return StreamSpec(
@@ -78,6 +106,6 @@ def ect1_abuser(rate_mbit: float, burst_packets: int = 4) -> StreamSpec:
         payload_max=payload,
         burst=True,
         size_cv=0.0,
-        tos=0x01,
+        tos=tos,
         payload_type=100,
     )

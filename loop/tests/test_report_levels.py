@@ -1,0 +1,106 @@
+"""The report names the level and the lever that acted first for each fault: the node agent's
+own actions (level NODE, source `<node>/node-agent`) and the policy engine's, read back from a
+private chDB store through the sink's writer, as the loop's real records are."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+_SCRIPT = r"""
+import json, sys
+import clickhouse_connect
+from cgloop.bus.topics import ACTIONS
+from cgloop.datasets.records import KINDS
+from cgloop.datasets.sink.writer import StoreWriter
+from cgloop.datasets.store.migrations import migrate
+from cgloop.loop.report import first_lever, node_timeline
+from cgloop.v1 import action_pb2 as a, common_pb2 as c
+
+store = sys.argv[1]
+client = clickhouse_connect.get_client(dsn=f"chdb://{store}")
+migrate(client)
+ONSET, MS = 1_800_000_000_000_000_000, 1_000_000
+seq = iter(range(1, 100))
+
+def action(src, aid, t, level, op, sport, dport, reasons=(), cause=""):
+    return a.ActionEvent(action=a.Action(
+        header=c.RecordHeader(source_id=src, sequence=next(seq), timestamp_ns=t, schema_version=1),
+        id=aid, level=level, operation=op, reason_detection_ids=list(reasons), cause=cause,
+        target=a.ActionTarget(node_id="edge", interface_name="cpe", flow=c.FiveTuple(
+            src_addr=bytes([10, 0, 0, 1]), dst_addr=bytes([10, 0, 0, 2]),
+            src_port=sport, dst_port=dport, ip_protocol=17)),
+        state=a.ACTION_STATE_APPLIED))
+
+def result(src, aid, t, applied):
+    return a.ActionEvent(result=a.ActionResult(
+        header=c.RecordHeader(source_id=src, sequence=next(seq), timestamp_ns=t, schema_version=1),
+        action_id=aid, state=a.ACTION_STATE_APPLIED, applied_ns=applied))
+
+node, engine = "edge/node-agent", "policy-engine/run1"  # noqa: F841
+events = [
+    # before the fault: not the fault's
+    action(node, "n0", ONSET - 50 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104, cause="promoted: x"),
+    # the guard releasing an earlier flow as the fault starts: listed, not a lever
+    action(node, "n00", ONSET + 5 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49004, 49004, cause="released: class 1:10"),
+    # the abuser sanctioned 31 ms after onset (its record written at the audit interval's end,
+    # its result says when it was applied), then the guard promoting the gaming flow
+    action(node, "n1", ONSET + 40 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_QUEUE_PROTECTION_SANCTION, 51004, 51004),
+    result(node, "n1", ONSET + 40 * MS, ONSET + 31 * MS),
+    action(node, "n2", ONSET + 45 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104,
+           cause="promoted: class 1:10 queue delay 10.5 ms >= guard 10.00 ms"),
+    # the engine's action, 150 ms after onset, from a detection
+    action(engine, "g1", ONSET + 150 * MS, a.ACTION_LEVEL_MICRO,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104, reasons=["d1"]),
+    result(engine, "g1", ONSET + 160 * MS, ONSET + 155 * MS),
+]
+StoreWriter(client, columnar=False).insert(
+    KINDS[ACTIONS.name], [a.ActionBatch(events=events).SerializeToString()], "t")
+local = node_timeline(client, ONSET, ONSET + 4000 * MS, "edge")
+other = node_timeline(client, ONSET, ONSET + 4000 * MS, "elsewhere")
+engine_only = {"applied_ns": ONSET + 155 * MS, "level": "micro",
+               "action": "reprioritise_flow class_id=65568"}
+print(json.dumps({
+    "local": local, "other": other,
+    "first": first_lever(engine_only, local, ONSET),
+    "engine_first": first_lever(engine_only, other, ONSET),
+}))
+"""
+
+
+def run(script: str, *args: str) -> dict:
+    # chDB hosts one data folder per process: the store lives in a child
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_first_lever_and_its_level(tmp_path: Path) -> None:
+    out = run(_SCRIPT, str(tmp_path / "store"))
+    onset, ms = 1_800_000_000_000_000_000, 1_000_000
+    local = out["local"]
+    # only the fault's span, each at its applied time, sanction and promotion apart
+    assert local["node_actions"] == [
+        [5.0, "release", "49004>49004"],
+        [31.0, "queue_protection_sanction", "51004>51004"],
+        [45.0, "reprioritise_flow", "49104>49104"],
+    ]
+    assert local["first_sanction_ns"] == onset + 31 * ms
+    assert local["first_promotion_ns"] == onset + 45 * ms
+    assert out["first"] == {
+        "first_ns": onset + 31 * ms, "first_level": "node",
+        "first_lever": "queue_protection_sanction",
+    }
+    # another node's agent did nothing: the engine's action is the first lever
+    assert out["other"] == {"node_actions": []}
+    assert out["engine_first"] == {
+        "first_ns": onset + 155 * ms, "first_level": "micro", "first_lever": "reprioritise_flow",
+    }
