@@ -173,6 +173,9 @@ pub struct GuardSettings {
     pub release_fraction: f64,
     /// Least time a flow stays promoted before it may be released.
     pub hold_ms: u64,
+    /// How long every tick must read the class it came from below the release threshold
+    /// before it is released (one calm tick mid-flood is not enough).
+    pub release_calm_ms: u64,
     /// Cap on the guard's promotions and releases together, per second, over all flows.
     pub max_changes_per_s: u32,
     /// Bound on the flows ProtectFlows may hold at once (RESOURCE_EXHAUSTED beyond it).
@@ -196,6 +199,7 @@ impl Default for GuardSettings {
             guard_fraction: 0.25,
             release_fraction: 0.05,
             hold_ms: 2000,
+            release_calm_ms: 500,
             max_changes_per_s: 20,
             max_protected_flows: 256,
             poll_interval_us: 1000,
@@ -261,6 +265,7 @@ impl GuardSettings {
             g.guard_fraction
         );
         within("guard.hold_ms", g.hold_ms, 0, 600_000)?;
+        within("guard.release_calm_ms", g.release_calm_ms, 0, 600_000)?;
         within("guard.max_changes_per_s", g.max_changes_per_s, 1, 10_000)?;
         within("guard.max_protected_flows", g.max_protected_flows, 1, 65_536)?;
         within("guard.poll_interval_us", g.poll_interval_us, 100, 100_000)?;

@@ -115,6 +115,8 @@ fn key(p: &ProtectedFlow) -> Key {
 #[derive(Debug, Clone)]
 struct Promotion {
     since_ns: u64,
+    /// Since when every tick has read the class it came from below the release threshold.
+    calm_since: Option<u64>,
     ifindex: u32,
     /// The flow's rule before, and the class it was in.
     from: Option<Rule>,
@@ -409,8 +411,8 @@ impl Guard {
         let version = s.version();
         for e in st.flows.values_mut() {
             let slo = e.spec.latency_slo_ns;
-            let (ifindex, class, promoted) = match &e.promotion {
-                Some(p) => (p.ifindex, p.from_class, true),
+            let (ifindex, class) = match &e.promotion {
+                Some(p) => (p.ifindex, p.from_class),
                 None => {
                     let place = match e.placed {
                         Some((v, place)) if v == version => place,
@@ -431,7 +433,7 @@ impl Guard {
                     if place.class() == e.spec.class_id {
                         continue; // already where the guard would move it
                     }
-                    (e.ifindex, place.class(), false)
+                    (e.ifindex, place.class())
                 }
             };
             let Some(q) = tick.class(ifindex, class) else {
@@ -443,20 +445,26 @@ impl Guard {
                 continue;
             };
             let delay = q.queue_delay_ns;
-            let move_now = if promoted {
-                let held = e
-                    .promotion
-                    .as_ref()
-                    .map_or(0, |p| now.saturating_sub(p.since_ns));
+            let move_now = if let Some(p) = e.promotion.as_mut() {
+                let held = now.saturating_sub(p.since_ns);
                 let limit = (g.release_fraction * slo as f64) as u64;
-                (held >= g.hold_ms * 1_000_000 && delay < limit).then(|| {
+                // One calm tick is not enough: a queue that drains for a moment mid-flood
+                // would release the flow into it.
+                p.calm_since = if delay < limit {
+                    p.calm_since.or(Some(now))
+                } else {
+                    None
+                };
+                let calm = p.calm_since.map_or(0, |t| now.saturating_sub(t));
+                (held >= g.hold_ms * 1_000_000 && calm >= g.release_calm_ms * 1_000_000).then(|| {
                     format!(
-                        "class {} queue delay {:.2} ms < release {:.2} ms ({} × SLO {:.1} ms) after {:.1} s promoted",
+                        "class {} queue delay {:.2} ms < release {:.2} ms ({} × SLO {:.1} ms) for {:.2} s, after {:.1} s promoted",
                         handle_str(class),
                         ms(delay),
                         ms(limit),
                         g.release_fraction,
                         ms(slo),
+                        calm as f64 / 1e9,
                         held as f64 / 1e9
                     )
                 })
@@ -527,6 +535,7 @@ fn promote(
     let latency = started.elapsed().as_nanos() as u64;
     e.promotion = Some(Promotion {
         since_ns: now,
+        calm_since: None,
         ifindex,
         from,
         from_class,

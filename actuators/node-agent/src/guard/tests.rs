@@ -186,8 +186,8 @@ fn no_move_on_a_missing_or_stale_tick_and_the_status_says_why() {
 }
 
 #[test]
-fn release_waits_for_the_hold_and_the_hysteresis() {
-    let g = guard(GuardSettings::default()); // hold 2 s, release below 1 ms
+fn release_waits_for_the_hold_the_hysteresis_and_a_calm_class() {
+    let g = guard(GuardSettings::default()); // hold 2 s, release below 1 ms for 500 ms
     let h = hands();
     g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
     assert_eq!(g.step(Some(&tick(T0, 8 * MS)), "", T0, &h).len(), 1);
@@ -199,7 +199,17 @@ fn release_waits_for_the_hold_and_the_hysteresis() {
     assert!(g
         .step(Some(&tick(T0 + 2500 * MS, 2 * MS)), "", T0 + 2500 * MS, &h)
         .is_empty());
-    let moves = g.step(Some(&tick(T0 + 2600 * MS, 900_000)), "", T0 + 2600 * MS, &h);
+    // Calm from 2.6 s on, except one queued tick at 2.7 s: the 500 ms of calm start again.
+    let at = |ms: u64, delay: u64| (tick(T0 + ms * MS, delay), T0 + ms * MS);
+    for (ms, delay) in [(2600, 900_000), (2700, 8 * MS), (2800, 0), (3200, 500_000)] {
+        let (t, now) = at(ms, delay);
+        assert!(
+            g.step(Some(&t), "", now, &h).is_empty(),
+            "released at {ms} ms"
+        );
+    }
+    let (t, now) = at(3300, 500_000);
+    let moves = g.step(Some(&t), "", now, &h);
     assert_eq!(moves.len(), 1);
     assert_eq!(
         (moves[0].kind, moves[0].to, moves[0].to_class),
@@ -213,7 +223,9 @@ fn release_waits_for_the_hold_and_the_hysteresis() {
         })
     );
     assert!(
-        moves[0].cause.contains("< release 1.00 ms"),
+        moves[0]
+            .cause
+            .contains("< release 1.00 ms (0.05 × SLO 20.0 ms) for 0.50 s"),
         "{}",
         moves[0].cause
     );
@@ -225,6 +237,7 @@ fn release_waits_for_the_hold_and_the_hysteresis() {
 fn a_flow_with_its_own_rule_goes_back_to_it_and_one_in_the_protected_class_stays() {
     let g = guard(GuardSettings {
         hold_ms: 0,
+        release_calm_ms: 0,
         ..Default::default()
     });
     let h = hands();
@@ -269,6 +282,7 @@ fn a_flow_with_its_own_rule_goes_back_to_it_and_one_in_the_protected_class_stays
 fn a_rule_set_by_the_global_loop_wins_over_a_promotion() {
     let g = guard(GuardSettings {
         hold_ms: 0,
+        release_calm_ms: 0,
         ..Default::default()
     });
     let h = hands();
