@@ -169,6 +169,9 @@ pub struct GuardSettings {
     pub enabled: bool,
     /// Promote a protected flow when the queue delay of its class reaches this share of its SLO.
     pub guard_fraction: f64,
+    /// Promote only when that many consecutive queue ticks pass the guard threshold (a burst
+    /// that drains within a tick does not).
+    pub promote_ticks: u32,
     /// Release it only when the class it came from is below this share of its SLO (hysteresis).
     pub release_fraction: f64,
     /// Least time a flow stays promoted before it may be released.
@@ -197,6 +200,7 @@ impl Default for GuardSettings {
         Self {
             enabled: true,
             guard_fraction: 0.25,
+            promote_ticks: 2,
             release_fraction: 0.05,
             hold_ms: 2000,
             release_calm_ms: 500,
@@ -258,6 +262,7 @@ impl GuardSettings {
         let g = self;
         within("guard.guard_fraction", g.guard_fraction, 0.01, 1.0)?;
         within("guard.release_fraction", g.release_fraction, 0.0, 1.0)?;
+        within("guard.promote_ticks", g.promote_ticks, 1, 1000)?;
         anyhow::ensure!(
             g.release_fraction < g.guard_fraction,
             "guard.release_fraction {} must be below guard.guard_fraction {} (hysteresis)",

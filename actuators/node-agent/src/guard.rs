@@ -131,6 +131,8 @@ struct Entry {
     ifindex: u32,
     /// Its placement as of a [`Steering::version`] (None: not looked up, or no hierarchy).
     placed: Option<(u64, Option<Placement>)>,
+    /// Consecutive ticks its class has read at or above the guard threshold.
+    over: u32,
     promotion: Option<Promotion>,
 }
 
@@ -263,6 +265,7 @@ impl Guard {
                         spec,
                         ifindex,
                         placed: None,
+                        over: 0,
                         promotion: e.promotion.clone(),
                     }
                 }
@@ -272,6 +275,7 @@ impl Guard {
                         spec,
                         ifindex,
                         placed: None,
+                        over: 0,
                         promotion: None,
                     }
                 }
@@ -301,6 +305,7 @@ impl Guard {
             spec,
             ifindex,
             placed: None,
+            over: 0,
             promotion: None,
         };
         self.lock().flows.insert(key(p), entry);
@@ -470,14 +475,22 @@ impl Guard {
                 })
             } else {
                 let limit = (g.guard_fraction * slo as f64) as u64;
-                (delay >= limit).then(|| {
+                // A queue over the threshold for a single tick is a burst draining (e.g. the
+                // flow's own frame), not congestion: it must last `promote_ticks` ticks.
+                e.over = if delay >= limit {
+                    e.over.saturating_add(1)
+                } else {
+                    0
+                };
+                (e.over >= g.promote_ticks).then(|| {
                     format!(
-                        "class {} queue delay {:.2} ms >= guard {:.2} ms ({} × SLO {:.1} ms)",
+                        "class {} queue delay {:.2} ms >= guard {:.2} ms ({} × SLO {:.1} ms) for {} tick(s)",
                         handle_str(class),
                         ms(delay),
                         ms(limit),
                         g.guard_fraction,
-                        ms(slo)
+                        ms(slo),
+                        e.over
                     )
                 })
             };
@@ -533,6 +546,7 @@ fn promote(
     let started = Instant::now();
     s.set_rule(&e.spec.interface_name, &flow, Some(to))?;
     let latency = started.elapsed().as_nanos() as u64;
+    e.over = 0;
     e.promotion = Some(Promotion {
         since_ns: now,
         calm_since: None,

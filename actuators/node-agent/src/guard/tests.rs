@@ -99,8 +99,13 @@ fn tick(at: u64, be_delay: u64) -> QueueTick {
     }
 }
 
+/// A guard that promotes on one tick over the threshold (the tests reason tick by tick; the
+/// default of two ticks has a test of its own).
 fn guard(settings: GuardSettings) -> Guard {
-    Guard::new(settings)
+    Guard::new(GuardSettings {
+        promote_ticks: 1,
+        ..settings
+    })
 }
 
 const T0: u64 = 1_000_000_000_000;
@@ -515,5 +520,28 @@ fn placements_are_looked_up_again_only_when_the_agent_changed() {
         g.step(Some(&tick(T0 + 9 * MS, 9 * MS)), "", T0 + 9 * MS, &h)
             .len(),
         1
+    );
+}
+
+#[test]
+fn a_burst_over_the_guard_for_one_tick_does_not_promote() {
+    let g = Guard::new(GuardSettings::default()); // two ticks
+    let h = hands();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
+    // A frame's burst: one tick at 6 ms, then drained; again later.
+    for (i, delay) in [6 * MS, MS, 6 * MS, 0, 7 * MS].into_iter().enumerate() {
+        let now = T0 + i as u64 * MS;
+        assert!(
+            g.step(Some(&tick(now, delay)), "", now, &h).is_empty(),
+            "tick {i}"
+        );
+    }
+    // Congestion: the second tick in a row over it promotes.
+    let moves = g.step(Some(&tick(T0 + 5 * MS, 8 * MS)), "", T0 + 5 * MS, &h);
+    assert_eq!(moves.len(), 1);
+    assert!(
+        moves[0].cause.ends_with("for 2 tick(s)"),
+        "{}",
+        moves[0].cause
     );
 }
