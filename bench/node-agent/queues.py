@@ -144,7 +144,8 @@ def slot_of(maps: dict[str, int], ifindex: int, classid: int) -> int:
     raise RuntimeError(f"class {classid:#x} not registered by the monitor")
 
 
-def estimate_ns(maps: dict[str, int], slot: int) -> int:
+def estimate_ns(maps: dict[str, int], slot: int) -> tuple[int, int]:
+    """(the monitor's estimate, the last dequeued packet's sojourn) of the class, ns."""
     v = bpftool("map", "lookup", "id", str(maps["qmon_stats"]), "key",
                 *[str(b) for b in slot.to_bytes(4, "little")])
     raw = bytes(int(x, 16) for x in v["value"])  # type: ignore[index]
@@ -152,8 +153,8 @@ def estimate_ns(maps: dict[str, int], slot: int) -> int:
     ns_per_kb = int.from_bytes(raw[48:56], "little")
     last_sojourn = int.from_bytes(raw[80:88], "little")
     if backlog <= 0:
-        return 0
-    return (backlog * ns_per_kb) >> 10 if ns_per_kb else last_sojourn
+        return 0, last_sojourn
+    return ((backlog * ns_per_kb) >> 10 if ns_per_kb else last_sojourn), last_sojourn
 
 
 def main() -> None:
@@ -191,7 +192,7 @@ def run(lab: Lab) -> None:
     rx = ProbeReceiver(lab, 9500)
     stats_flag = Path("/proc/sys/kernel/bpf_stats_enabled")
     stats_before = stats_flag.read_text().strip()
-    samples: list[tuple[int, int]] = []
+    samples: list[tuple[int, tuple[int, int]]] = []
     stop = threading.Event()
     probe = pacer(lab, 45000, 9500, interval_us=2000, payload="p" * 184)
     flood = pacer(lab, 45002, 9502, interval_us=400, payload="f" * 1184)
@@ -255,23 +256,24 @@ def report(samples, rx, cpu_ns: int, wall_s: float, progs0: dict, progs1: dict) 
     if not truth:
         print("  estimate error: no probe packets received")
         return
-    errors, rel = [], []
-    j = 0
-    for t, est in samples:
-        while j < len(truth) and truth[j][0] < t:
-            j += 1
-        if j >= len(truth) or truth[j][0] - t > 5_000_000:
-            continue
-        d = truth[j][1]
-        errors.append(abs(est - d))
-        if d > 1_000_000:
-            rel.append(abs(est - d) / d)
-    us = [e / 1e3 for e in errors]
-    print(f"  estimate |error| vs one-way delay (n={len(us)}): p50 {pct(us, .5):.0f} us  "
-          f"p90 {pct(us, .9):.0f} us  p99 {pct(us, .99):.0f} us")
-    if rel:
-        print(f"  relative error where delay > 1 ms (n={len(rel)}): p50 {100 * pct(rel, .5):.0f} %"
-              f"  p90 {100 * pct(rel, .9):.0f} %  p99 {100 * pct(rel, .99):.0f} %")
+    for i, name in enumerate(("estimate (backlog x drain time)", "last dequeued sojourn")):
+        errors, rel = [], []
+        j = 0
+        for t, est in samples:
+            while j < len(truth) and truth[j][0] < t:
+                j += 1
+            if j >= len(truth) or truth[j][0] - t > 5_000_000:
+                continue
+            d = truth[j][1]
+            errors.append(abs(est[i] - d))
+            if d > 1_000_000:
+                rel.append(abs(est[i] - d) / d)
+        us = [e / 1e3 for e in errors]
+        print(f"  {name}: |error| vs one-way delay (n={len(us)}): p50 {pct(us, .5):.0f} us  "
+              f"p90 {pct(us, .9):.0f} us  p99 {pct(us, .99):.0f} us")
+        if rel:
+            print(f"    relative where delay > 1 ms (n={len(rel)}): p50 {100 * pct(rel, .5):.0f} %"
+                  f"  p90 {100 * pct(rel, .9):.0f} %  p99 {100 * pct(rel, .99):.0f} %")
     delays = [d / 1e6 for _, d in truth]
     print(f"  probe one-way delay: p50 {pct(delays, .5):.2f} ms  p90 {pct(delays, .9):.2f} ms  "
           f"p99 {pct(delays, .99):.2f} ms")
