@@ -203,7 +203,10 @@ mod datapath_tests {
     }
 
     fn checksum(h: &[u8]) -> u16 {
-        let mut sum: u32 = h.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+        let mut sum: u32 = h
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
         while sum >> 16 != 0 {
             sum = (sum & 0xffff) + (sum >> 16);
         }
@@ -217,8 +220,16 @@ mod datapath_tests {
     impl Bed<'_> {
         /// The LL class's queue delay as the classifier will read it: 1 ns per byte of backlog.
         fn set_qdelay(&self, ns: u64) {
-            let c = QmonClass { backlog_bytes: ns as i64, ns_per_kb: 1024, ..Default::default() };
-            self.skel.maps.qmon_stats.update(&0u32.to_ne_bytes(), bytes_of(&c), MapFlags::ANY).unwrap();
+            let c = QmonClass {
+                backlog_bytes: ns as i64,
+                ns_per_kb: 1024,
+                ..Default::default()
+            };
+            self.skel
+                .maps
+                .qmon_stats
+                .update(&0u32.to_ne_bytes(), bytes_of(&c), MapFlags::ANY)
+                .unwrap();
         }
 
         /// (class the packet went to, its TOS byte after the classifier).
@@ -234,35 +245,81 @@ mod datapath_tests {
                 data_out: Some(&mut data_out),
                 ..Default::default()
             };
-            let out = self.skel.progs.cgl_classify.test_run(input).expect("BPF_PROG_TEST_RUN");
+            let out = self
+                .skel
+                .progs
+                .cgl_classify
+                .test_run(input)
+                .expect("BPF_PROG_TEST_RUN");
             let ctx = out.context.expect("__sk_buff back");
             let data = out.data.expect("frame back");
             assert_eq!(checksum(&data[14..34]), 0, "IPv4 checksum still valid");
-            (u32::from_ne_bytes(ctx[SKB_PRIORITY..SKB_PRIORITY + 4].try_into().unwrap()), data[15])
+            (
+                u32::from_ne_bytes(ctx[SKB_PRIORITY..SKB_PRIORITY + 4].try_into().unwrap()),
+                data[15],
+            )
         }
 
         fn sanctions(&self, sport: u16) -> QprotFlow {
-            let mut k = FlowKey { ifindex: LO, family: 4, proto: 17, sport, dport: 9000, ..Default::default() };
+            let mut k = FlowKey {
+                ifindex: LO,
+                family: 4,
+                proto: 17,
+                sport,
+                dport: 9000,
+                ..Default::default()
+            };
             k.src[..4].copy_from_slice(&[10, 0, 0, 1]);
             k.dst[..4].copy_from_slice(&[10, 0, 0, 2]);
-            let v = self.skel.maps.qprot_flows.lookup(bytes_of(&k), MapFlags::ANY).unwrap();
+            let v = self
+                .skel
+                .maps
+                .qprot_flows
+                .lookup(bytes_of(&k), MapFlags::ANY)
+                .unwrap();
             v.map(|v| from_bytes(&v)).unwrap_or_default()
         }
 
         fn counters(&self) -> QmonClass {
-            from_bytes(&self.skel.maps.qmon_stats.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap().unwrap())
+            from_bytes(
+                &self
+                    .skel
+                    .maps
+                    .qmon_stats
+                    .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+                    .unwrap()
+                    .unwrap(),
+            )
         }
     }
 
-    fn bed<'a>(storage: &'a mut MaybeUninit<libbpf_rs::OpenObject>, s: &QueueProtectionSettings) -> Bed<'a> {
-        let skel = skel::AgentSkelBuilder::default().open(storage).unwrap().load().unwrap();
+    fn bed<'a>(
+        storage: &'a mut MaybeUninit<libbpf_rs::OpenObject>,
+        s: &QueueProtectionSettings,
+    ) -> Bed<'a> {
+        let skel = skel::AgentSkelBuilder::default()
+            .open(storage)
+            .unwrap()
+            .load()
+            .unwrap();
         let m = &skel.maps;
-        m.if_default.update(&LO.to_ne_bytes(), &CLASSIC.to_ne_bytes(), MapFlags::ANY).unwrap();
-        m.qprot_cfg.update(&LO.to_ne_bytes(), bytes_of(&cfg_of(s, 0)), MapFlags::ANY).unwrap();
+        m.if_default
+            .update(&LO.to_ne_bytes(), &CLASSIC.to_ne_bytes(), MapFlags::ANY)
+            .unwrap();
+        m.qprot_cfg
+            .update(&LO.to_ne_bytes(), bytes_of(&cfg_of(s, 0)), MapFlags::ANY)
+            .unwrap();
         let zero = vec![0u8; m.qprot_state.value_size() as usize];
-        m.qprot_state.update(&LO.to_ne_bytes(), &zero, MapFlags::ANY).unwrap();
-        let key = QmonKey { ifindex: LO, classid: LL };
-        m.qmon_index.update(bytes_of(&key), &0u32.to_ne_bytes(), MapFlags::ANY).unwrap();
+        m.qprot_state
+            .update(&LO.to_ne_bytes(), &zero, MapFlags::ANY)
+            .unwrap();
+        let key = QmonKey {
+            ifindex: LO,
+            classid: LL,
+        };
+        m.qmon_index
+            .update(bytes_of(&key), &0u32.to_ne_bytes(), MapFlags::ANY)
+            .unwrap();
         Bed { skel }
     }
 
@@ -291,11 +348,19 @@ mod datapath_tests {
         let mut storage = MaybeUninit::uninit();
         let b = bed(&mut storage, &settings());
         b.set_qdelay(500_000); // below the 1 ms step
-        assert_eq!(b.send(5000, ECT1), (LL, ECT1), "ECT(1): LL class, not marked below the step");
+        assert_eq!(
+            b.send(5000, ECT1),
+            (LL, ECT1),
+            "ECT(1): LL class, not marked below the step"
+        );
         assert_eq!(b.send(5001, 3), (LL, 3), "CE: LL class");
         // Priority 0: left to HTB's default class (the classic one here).
         assert_eq!(b.send(5002, 0), (0, 0), "not-ECT: the default class");
-        assert_eq!(b.send(5003, ECT0), (0, ECT0), "ECT(0) is classic ECN: the default class");
+        assert_eq!(
+            b.send(5003, ECT0),
+            (0, ECT0),
+            "ECT(0) is classic ECN: the default class"
+        );
         b.set_qdelay(1_000_000);
         assert_eq!(b.send(5004, ECT1), (LL, 3), "at the step: marked CE");
         assert_eq!(b.counters().ce_marked, 1);
@@ -312,18 +377,40 @@ mod datapath_tests {
         // score (AGING 2^19 B/s), so the 2nd back-to-back packet passes CRITICALqLSCORE (4 ms).
         let per_packet_ns = LEN << 11;
         b.set_qdelay(2_000_000);
-        assert_eq!(b.send(6000, ECT1).0, LL, "score {per_packet_ns} ns: passes (marked)");
-        assert_eq!(b.send(6000, ECT1).0, CLASSIC, "score ~4.27 ms > 4 ms while qdelay 2 ms > 1 ms: sanctioned");
+        assert_eq!(
+            b.send(6000, ECT1).0,
+            LL,
+            "score {per_packet_ns} ns: passes (marked)"
+        );
+        assert_eq!(
+            b.send(6000, ECT1).0,
+            CLASSIC,
+            "score ~4.27 ms > 4 ms while qdelay 2 ms > 1 ms: sanctioned"
+        );
         assert_eq!(b.send(6000, ECT1).0, CLASSIC, "still over both thresholds");
         let f = b.sanctions(6000);
-        assert_eq!((f.packets, f.bytes, f.from_class, f.to_class), (2, 2 * LEN, LL, CLASSIC));
-        assert!(f.max_score_ns > 6_000_000 && f.max_qdelay_ns == 2_000_000, "{f:?}");
+        assert_eq!(
+            (f.packets, f.bytes, f.from_class, f.to_class),
+            (2, 2 * LEN, LL, CLASSIC)
+        );
+        assert!(
+            f.max_score_ns > 6_000_000 && f.max_qdelay_ns == 2_000_000,
+            "{f:?}"
+        );
         assert_eq!(b.counters().qprot_sanctioned, 2);
         // Another flow has its own bucket: its first packet passes at the same queue delay.
-        assert_eq!(b.send(6001, ECT1).0, LL, "an innocent flow is not sanctioned for another's score");
+        assert_eq!(
+            b.send(6001, ECT1).0,
+            LL,
+            "an innocent flow is not sanctioned for another's score"
+        );
         // Below the critical delay nobody is sanctioned, whatever the score.
         b.set_qdelay(900_000);
-        assert_eq!(b.send(6000, ECT1).0, LL, "qdelay 0.9 ms <= 1 ms: no sanction");
+        assert_eq!(
+            b.send(6000, ECT1).0,
+            LL,
+            "qdelay 0.9 ms <= 1 ms: no sanction"
+        );
         // The score ages at 2^19 B/s: 12 ms later the heavy flow's bucket has drained.
         std::thread::sleep(std::time::Duration::from_millis(12));
         b.set_qdelay(2_000_000);
@@ -343,13 +430,27 @@ mod datapath_tests {
             assert_eq!(b.send(7000, ECT1).0, LL);
         }
         b.set_qdelay(2_000_000);
-        assert_eq!(b.send(7000, ECT1).0, LL, "no score built below the ramp: the first packet passes");
+        assert_eq!(
+            b.send(7000, ECT1).0,
+            LL,
+            "no score built below the ramp: the first packet passes"
+        );
 
         let mut storage = MaybeUninit::uninit();
-        let off = bed(&mut storage, &QueueProtectionSettings { enabled: false, ..settings() });
+        let off = bed(
+            &mut storage,
+            &QueueProtectionSettings {
+                enabled: false,
+                ..settings()
+            },
+        );
         off.set_qdelay(5_000_000);
         for _ in 0..20 {
-            assert_eq!(off.send(7001, ECT1), (LL, 3), "protection off: LL class, marked");
+            assert_eq!(
+                off.send(7001, ECT1),
+                (LL, 3),
+                "protection off: LL class, marked"
+            );
         }
         assert_eq!(off.sanctions(7001).packets, 0);
     }
