@@ -437,8 +437,17 @@ impl Sampler {
             let ifindex: u32 = from_bytes(&key);
             let classes = match self.rtnl.classes(ifindex) {
                 Ok(c) => c,
-                Err(e) if self.names.contains_key(&ifindex) || ifindex_gone(ifindex) => {
+                Err(e) if ifindex_gone(ifindex) => {
+                    tracing::debug!("queue monitor: ifindex {ifindex} is gone: {e}");
+                    continue;
+                }
+                // A known interface whose dump failed once keeps its classes (and their
+                // deltas) until the next read; an unknown one is a fault.
+                Err(e) if self.names.contains_key(&ifindex) => {
                     tracing::debug!("queue monitor: ifindex {ifindex}: {e}");
+                    for (k, c) in self.kernel.iter().filter(|(k, _)| k.0 == ifindex) {
+                        seen.insert(*k, c.clone());
+                    }
                     continue;
                 }
                 Err(e) => {
@@ -563,7 +572,9 @@ impl Sampler {
 }
 
 fn ifindex_gone(ifindex: u32) -> bool {
-    crate::netif::ifname(ifindex).is_empty()
+    // SAFETY: if_indextoname with a buffer of IF_NAMESIZE bytes; NULL means no such interface.
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) }.is_null()
 }
 
 #[cfg(test)]
@@ -649,6 +660,18 @@ mod kernel_tests {
 
     const LO: u32 = 1;
     const ROOT: u32 = 0x10001;
+
+    /// The newest tick, waiting for one (a loaded machine can hold the sampler past the
+    /// staleness limit; that is the limit working, not what this test is about).
+    fn fresh(m: &Monitor) -> Arc<crate::queue_view::QueueTick> {
+        for _ in 0..2000 {
+            if let Some(t) = m.latest() {
+                return t;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("no fresh tick within ~2 s: {}", m.fault())
+    }
     const SLOW: u32 = 0x10010;
 
     #[test]
@@ -708,9 +731,7 @@ mod kernel_tests {
         let m =
             Arc::new(Monitor::start(&settings, maps, dp.qmon_attach_error.clone(), None).unwrap());
         std::thread::sleep(Duration::from_millis(50));
-        let t = m
-            .latest()
-            .unwrap_or_else(|| panic!("no tick: {}", m.fault()));
+        let t = fresh(&m);
         assert!(t.class(LO, SLOW).is_some(), "the leaf is monitored: {t:?}");
         assert!(t.class(LO, ROOT).is_none(), "inner classes are not");
 
@@ -722,9 +743,7 @@ mod kernel_tests {
             s.send_to(&[0u8; 1000], rx.local_addr().unwrap()).unwrap();
         }
         std::thread::sleep(Duration::from_millis(150));
-        let t = m
-            .latest()
-            .unwrap_or_else(|| panic!("no tick: {}", m.fault()));
+        let t = fresh(&m);
         let c = t.class(LO, SLOW).unwrap();
         assert!(c.backlog_packets > 10 && c.backlog_bytes > 10_000, "{c:?}");
         // The backlog ahead drains at the class's 0.5 Mbit/s.
@@ -735,10 +754,9 @@ mod kernel_tests {
             "estimate {} ns vs backlog/rate {expect} ns",
             c.queue_delay_ns
         );
-        assert!(m.status().acting, "{:?}", m.status());
 
         std::thread::sleep(Duration::from_millis(1500));
-        let t = m.latest().unwrap();
+        let t = fresh(&m);
         assert_eq!(t.class(LO, SLOW).unwrap().backlog_packets, 0, "drained");
         let samples = m.take_samples();
         let q = samples.iter().find(|q| q.class_id == SLOW).unwrap();
