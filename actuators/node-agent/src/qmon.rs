@@ -760,7 +760,7 @@ mod kernel_tests {
         assert_eq!(t.class(LO, SLOW).unwrap().backlog_packets, 0, "drained");
         let samples = m.take_samples();
         let q = samples.iter().find(|q| q.class_id == SLOW).unwrap();
-        // A packet whose stamp is missing is not counted (seen: 58 of 60 on loopback).
+        // A loaded machine may still be sending the last packets (the socket buffer blocks).
         assert!(
             q.interface_name == "lo" && (50..=60).contains(&q.sojourn_packets),
             "{q:?}"
