@@ -150,10 +150,14 @@ impl Monitor {
         *lock(&shared.fault) = "no queue tick yet".into();
         let mut sampler = Sampler::new(maps, stats, rtnl, shared.clone(), protection);
         let interval = Duration::from_micros(settings.sample_interval_us);
+        let rt_priority = settings.rt_priority;
         let stats_every = (settings.class_stats_interval_us / settings.sample_interval_us).max(1);
         std::thread::Builder::new()
             .name("queue-monitor".into())
-            .spawn(move || sampler.run(interval, stats_every))
+            .spawn(move || {
+                realtime(rt_priority);
+                sampler.run(interval, stats_every)
+            })
             .context("starting the queue monitor thread")?;
         Ok(Self {
             shared,
@@ -252,6 +256,23 @@ impl QueueView for Monitor {
             }
             None => "no queue tick yet".into(),
         }
+    }
+}
+
+/// SCHED_FIFO at `priority` for the calling thread (0: stay a normal thread).
+fn realtime(priority: u32) {
+    if priority == 0 {
+        return;
+    }
+    let param = libc::sched_param {
+        sched_priority: priority as i32,
+    };
+    // SAFETY: plain syscall on the calling thread with a valid param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        tracing::warn!(
+            "queue monitor stays SCHED_OTHER: SCHED_FIFO {priority}: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
