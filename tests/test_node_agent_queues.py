@@ -171,26 +171,33 @@ class EcnReceiver:
             t.join(5)
 
 
+def start_lab(tmp_path: Path, top: str = "") -> netns.Lab:
+    """The lab, its agent restarted with `[queue_protection]` (and the `top` keys)."""
+    lab = netns.Lab(tmp_path)
+    lab.up()
+    lab.kill()
+    toml = (tmp_path / "agent.toml").read_text()
+    (tmp_path / "agent.toml").write_text(
+        top
+        + toml
+        + "[queue_protection]\n"
+        + f"ll_class_id = {LL}\nclassic_class_id = {CLASSIC}\n"
+        + f'interfaces = ["{lab.if_a}"]\n'
+    )
+    lab.start()
+    lab.stub().ApplyQueueHierarchy(
+        na.ApplyQueueHierarchyRequest(action_id="h1", hierarchy=hierarchy(lab.if_a)),
+        timeout=10,
+    )
+    return lab
+
+
 @pytest.fixture
 def qlab(tmp_path: Path) -> Iterator:
     netns._skip_without_root()
     lab = netns.Lab(tmp_path)
     try:
-        lab.up()
-        lab.kill()
-        toml = (tmp_path / "agent.toml").read_text()
-        (tmp_path / "agent.toml").write_text(
-            toml
-            + "[queue_protection]\n"
-            + f"ll_class_id = {LL}\nclassic_class_id = {CLASSIC}\n"
-            + f'interfaces = ["{lab.if_a}"]\n'
-        )
-        lab.start()
-        stub = lab.stub()
-        stub.ApplyQueueHierarchy(
-            na.ApplyQueueHierarchyRequest(action_id="h1", hierarchy=hierarchy(lab.if_a)),
-            timeout=10,
-        )
+        lab = start_lab(tmp_path)
         yield lab
     finally:
         lab.down()
@@ -241,3 +248,4 @@ def test_unresponsive_ect1_flood_is_sanctioned_and_a_responsive_sender_is_not(ql
         f"the responsive sender was sanctioned (sent {good.sent}, CE {rx.ce[9102]})"
     )
     assert rx.got[9102] > 0.9 * good.sent, (rx.got, good.sent)
+

@@ -114,11 +114,21 @@ pub struct QueueSettings {
     /// How often the kernel's class statistics (drops, overlimits, sent, backlog) are dumped
     /// over rtnetlink; the BPF state is read every tick.
     pub class_stats_interval_us: u64,
+    /// SCHED_FIFO priority of the sampler thread (1..99; 0 = a normal thread). A busy node
+    /// would otherwise delay ticks past `stale_after_us` and stop the micro loop when it is
+    /// needed most; the sampler uses a few % of one core.
+    pub rt_priority: u32,
 }
 
 impl Default for QueueSettings {
     fn default() -> Self {
-        Self { enabled: true, sample_interval_us: 1000, stale_after_us: 5000, class_stats_interval_us: 10_000 }
+        Self {
+            enabled: true,
+            sample_interval_us: 1000,
+            stale_after_us: 5000,
+            class_stats_interval_us: 10_000,
+            rt_priority: 10,
+        }
     }
 }
 
@@ -224,7 +234,8 @@ impl QueueSettings {
     pub fn check(&self) -> Result<()> {
         within("queues.sample_interval_us", self.sample_interval_us, 100, 1_000_000)?;
         within("queues.stale_after_us", self.stale_after_us, self.sample_interval_us, 10_000_000)?;
-        within("queues.class_stats_interval_us", self.class_stats_interval_us, self.sample_interval_us, 10_000_000)
+        within("queues.class_stats_interval_us", self.class_stats_interval_us, self.sample_interval_us, 10_000_000)?;
+        within("queues.rt_priority", self.rt_priority, 0, 99)
     }
 }
 

@@ -203,6 +203,24 @@ mod tests {
     }
 
     #[test]
+    fn queue_samples_are_named_after_the_applied_hierarchy() {
+        use cgloop_proto::v1::{HtbClass, QueueHierarchy};
+        let state = NodeState {
+            queues: vec![QueueHierarchy {
+                interface_name: "cpe".into(),
+                classes: vec![HtbClass { name: "l4s".into(), class_id: 0x10040, ..Default::default() }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let q = |iface: &str, class_id| QueueSample { interface_name: iface.into(), class_id, ..Default::default() };
+        let mut queues = vec![q("cpe", 0x10040), q("cpe", 0x10010), q("wan", 0x10040)];
+        name_classes(&mut queues, &state);
+        let names: Vec<&str> = queues.iter().map(|q| q.class_name.as_str()).collect();
+        assert_eq!(names, ["l4s", "", ""]);
+    }
+
+    #[test]
     fn functions_are_summed_per_name_with_forwarded_packets() {
         use cgloop_proto::v1::chain_function::Function;
         use cgloop_proto::v1::{Acl, Dpi};

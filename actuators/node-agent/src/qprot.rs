@@ -11,6 +11,9 @@ use crate::config::QueueProtectionSettings;
 use crate::datapath::{bytes_of, from_bytes, FlowKey, QmonMaps, QprotCfg, QprotFlow};
 use crate::queue_view::{SanctionCount, SanctionSource};
 
+#[cfg(test)]
+mod datapath_tests;
+
 /// DOCSIS' MINTH/MAXTH ratio (475 µs / 1000 µs): where probNative's ramp starts.
 const MINTH_PER_MILLE: u64 = 475;
 /// Cap of a bucket's score (keeps t_exp bounded; DOCSIS models use 5 s).
