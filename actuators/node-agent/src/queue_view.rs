@@ -67,21 +67,3 @@ pub struct SanctionCount {
 pub trait SanctionSource: Send + Sync {
     fn drain(&self) -> Vec<SanctionCount>;
 }
-
-/// A `SanctionSource` bound after it is handed out: the audit starts before the agent that owns
-/// the datapath (the power manager's observer must be set before the agent takes it).
-#[derive(Default)]
-pub struct LateSanctions(std::sync::OnceLock<Arc<dyn SanctionSource>>);
-
-impl LateSanctions {
-    /// Binds the source once; later calls are ignored.
-    pub fn bind(&self, source: Arc<dyn SanctionSource>) {
-        let _ = self.0.set(source);
-    }
-}
-
-impl SanctionSource for LateSanctions {
-    fn drain(&self) -> Vec<SanctionCount> {
-        self.0.get().map(|s| s.drain()).unwrap_or_default()
-    }
-}
