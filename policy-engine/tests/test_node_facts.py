@@ -187,6 +187,43 @@ def test_a_worse_node_change_is_rolled_back_to_the_rule_before(agent) -> None:
     assert engine.facts.classes == {}
 
 
+class Onset:
+    """Telemetry of a fault the node's guard met at its onset: before the move all queues were
+    quiet (3 ms); after it the queue the flow left is at 80 ms, the flow's new queue at 25 ms
+    (over the 20 ms SLO, far better than staying)."""
+
+    def __init__(self, applied_ns: int) -> None:
+        self.applied_ns = applied_ns
+
+    def read(self, metric, action, start_ns, end_ns, phase="after") -> Reading:
+        if phase == "after":
+            return Reading(25 * MS, 20)
+        return Reading(3 * MS if end_ns <= self.applied_ns else 80 * MS, 20)
+
+
+def test_a_promotion_at_a_faults_onset_is_judged_against_the_queue_it_left(agent) -> None:
+    """Compared with the quiet time before the fault, the promoted flow's 25 ms reads WORSE and
+    the engine would put it back into the 80 ms queue; against the queue it left, over the same
+    window, the move helped: no rollback."""
+    clock = ManualClock()
+    labels = {"node_id": "node-a", "interface": "veth0"}
+    det = detection(clock(), kind=dpb.DETECTION_KIND_GAMING_FLOW_CLASSIFIED,
+                    severity=dpb.SEVERITY_INFO, labels=labels)
+    promotion = node_flow_move(GAMING, 46, None, clock())
+    engine = make(agent, policies(PROTECT), clock,
+                  telemetry=Onset(promotion.events[1].result.applied_ns))
+    engine.handle(dpb.DetectionBatch(records=[det]))
+    engine.drain()
+    engine.observe(node_move(agent, GAMING, 46, None, clock()))
+    clock.now_ns = time.time_ns() + 2 * S
+    engine.tick()
+    (verified,) = of(engine.drain(), "result")
+    assert verified.state == apb.ACTION_STATE_VERIFIED
+    assert verified.verification.verdict == apb.VERDICT_NO_EFFECT  # 25 ms: over the SLO still
+    assert verified.verification.before_value == 80 * MS
+    assert rules(agent) == [(GAMING, 46)]  # kept
+
+
 def test_other_records_are_counted_or_ignored(agent) -> None:
     clock = ManualClock()
     engine = make(agent, policies(REPRIORITISE), clock)

@@ -452,9 +452,18 @@ class Engine:
             else verify.rollback_verdicts(policy)
         )
         applied = entry.result.applied_ns
-        before = self.telemetry.read(
-            e.metric, action, applied - baseline_ns, applied, phase="before"
-        )
+        if node_facts.is_node_record(action):
+            # The node's guard moves a flow as a queue builds, before the flow's SLO breaks:
+            # the window before the move is the fault's onset or no fault at all, so the
+            # baseline is the queue the flow left, over the same window (what staying would
+            # have given), not the time before the fault.
+            before = self.telemetry.read(
+                e.metric, action, applied, applied + e.within_ns, phase="before"
+            )
+        else:
+            before = self.telemetry.read(
+                e.metric, action, applied - baseline_ns, applied, phase="before"
+            )
         after = self.telemetry.read(e.metric, action, applied, applied + e.within_ns)
         now = self.clock()
         if after is None and now < applied + e.within_ns + int(self.verify_grace_s * NS):

@@ -12,7 +12,9 @@ engine reads them (`Engine.observe`) and:
 - journals each node reprioritise_flow as an entry of its own (the node's action and result,
   never republished) and verifies it like its own actions: against the action's expected effect
   when the node set one, else against the protection the engine ordered for that flow (its
-  probes' p99 below the protection's SLO within `verify_within_s`), else "not checked"; a
+  probes' p99 below the protection's SLO within `verify_within_s`), else "not checked"; its
+  baseline is the queue the flow left, read over the same window (the guard moves a flow at a
+  fault's onset, so the time before the move is no baseline); a
   verdict the engine rolls back on restores the node's previous rule (the engine's rollback);
 - counts the rest (sanctions, frequency changes): they change nothing the engine orders.
 """
