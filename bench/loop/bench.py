@@ -67,7 +67,7 @@ MODES = {
     "no loop": LoopOptions(enabled=False),
     # both levels, the engine blind to the node's actions (no verification or rollback of the
     # guard's moves): a control, not one of the modes (run it with --modes)
-    "two-level, no facts": LoopOptions(node_facts=False),
+    "two-level-no-facts": LoopOptions(node_facts=False),
 }
 DEFAULT_MODES = ["two-level", "global only", "1s-window", "no loop"]
 TARGETS = {
