@@ -449,7 +449,10 @@ impl Guard {
                 ));
                 continue;
             };
-            let delay = q.queue_delay_ns;
+            // The monitor's estimate (backlog ÷ drain rate) leads but can read low when its
+            // backlog count drifts or the rate swings; the sojourn packets just measured
+            // leaving the class lags but is what they saw: judge by the larger.
+            let delay = q.queue_delay_ns.max(q.sojourn_max_ns);
             let move_now = if let Some(p) = e.promotion.as_mut() {
                 let held = now.saturating_sub(p.since_ns);
                 let limit = (g.release_fraction * slo as f64) as u64;
@@ -461,7 +464,11 @@ impl Guard {
                     None
                 };
                 let calm = p.calm_since.map_or(0, |t| now.saturating_sub(t));
-                (held >= g.hold_ms * 1_000_000 && calm >= g.release_calm_ms * 1_000_000).then(|| {
+                // Calm now, and for long enough (with release_calm_ms 0, calm now suffices).
+                let released = p.calm_since.is_some()
+                    && held >= g.hold_ms * 1_000_000
+                    && calm >= g.release_calm_ms * 1_000_000;
+                released.then(|| {
                     format!(
                         "class {} queue delay {:.2} ms < release {:.2} ms ({} × SLO {:.1} ms) for {:.2} s, after {:.1} s promoted",
                         handle_str(class),

@@ -545,3 +545,30 @@ fn a_burst_over_the_guard_for_one_tick_does_not_promote() {
         moves[0].cause
     );
 }
+
+#[test]
+fn a_measured_sojourn_over_the_guard_promotes_when_the_estimate_reads_low() {
+    // Mid-flood the estimate read 0.00 ms in the lab while packets left the class after tens
+    // of ms: the measured sojourn alone must promote (and keep a promoted flow from release).
+    let g = guard(GuardSettings {
+        hold_ms: 0,
+        release_calm_ms: 0,
+        ..Default::default()
+    });
+    let h = hands();
+    g.protect(&[protection(1)], &[IFX; 5], T0, false).unwrap();
+    let mut t = tick(T0, 0);
+    t.classes[0].sojourn_max_ns = 30 * MS;
+    let moves = g.step(Some(&t), "", T0, &h);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].kind, MoveKind::Promote);
+    // Still 30 ms leaving the class it came from: not calm, no release.
+    t.taken_ns += MS;
+    assert!(g.step(Some(&t), "", T0 + MS, &h).is_empty());
+    // Both calm: released.
+    t.taken_ns += MS;
+    t.classes[0].sojourn_max_ns = 0;
+    let moves = g.step(Some(&t), "", T0 + 2 * MS, &h);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].kind, MoveKind::Release);
+}
