@@ -151,16 +151,6 @@ fn five_tuple_key(ifindex: u32, f: &FiveTuple) -> AgentResult<FlowKey> {
     })
 }
 
-fn tuple_of(key: &FlowKey) -> FiveTuple {
-    let (src, dst) = datapath::key_addrs(key);
-    FiveTuple {
-        src_addr: src,
-        dst_addr: dst,
-        src_port: key.sport as u32,
-        dst_port: key.dport as u32,
-        ip_protocol: key.proto as u32,
-    }
-}
 
 fn strip_counters_rule(r: &FlowClassRule) -> FlowClassRule {
     FlowClassRule { matched_packets: 0, ..r.clone() }
@@ -618,7 +608,7 @@ impl Inner {
         for (key, rule, counters) in self.dp.flows().map_err(kernel("reading the flow map"))? {
             state.flow_classes.push(FlowClassRule {
                 interface_name: ifname(key.ifindex),
-                flow: Some(tuple_of(&key)),
+                flow: Some(datapath::key_tuple(&key)),
                 class_id: rule.classid,
                 rewrite_dscp: (rule.rewrite_dscp != KEEP).then_some(rule.rewrite_dscp),
                 match_dscp: None,
@@ -677,7 +667,7 @@ impl Inner {
         for (key, imp) in self.dp.impairments().map_err(kernel("reading the impairment map"))? {
             state.impairments.push(Impairment {
                 interface_name: ifname(key.ifindex),
-                flow: Some(tuple_of(&key)),
+                flow: Some(datapath::key_tuple(&key)),
                 drop_fraction: imp.threshold as f64 / 4_294_967_296.0,
                 seen_packets: imp.seen,
                 dropped_packets: imp.dropped,

@@ -479,3 +479,15 @@ pub fn key_addrs(key: &FlowKey) -> (Vec<u8>, Vec<u8>) {
     let n = if key.family == 4 { 4 } else { 16 };
     (key.src[..n].to_vec(), key.dst[..n].to_vec())
 }
+
+/// The flow a map key names, as the API carries it.
+pub fn key_tuple(key: &FlowKey) -> cgloop_proto::v1::FiveTuple {
+    let (src, dst) = key_addrs(key);
+    cgloop_proto::v1::FiveTuple {
+        src_addr: src,
+        dst_addr: dst,
+        src_port: key.sport as u32,
+        dst_port: key.dport as u32,
+        ip_protocol: key.proto as u32,
+    }
+}

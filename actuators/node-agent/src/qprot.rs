@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
-use cgloop_proto::v1::FiveTuple;
 use libbpf_rs::{MapCore, MapFlags};
 
 use crate::config::QueueProtectionSettings;
@@ -92,16 +91,6 @@ impl Protection {
     }
 }
 
-fn tuple_of(key: &FlowKey) -> FiveTuple {
-    let (src, dst) = crate::datapath::key_addrs(key);
-    FiveTuple {
-        src_addr: src,
-        dst_addr: dst,
-        src_port: key.sport as u32,
-        dst_port: key.dport as u32,
-        ip_protocol: key.proto as u32,
-    }
-}
 
 impl SanctionSource for Protection {
     fn drain(&self) -> Vec<SanctionCount> {
@@ -120,7 +109,7 @@ impl SanctionSource for Protection {
                 let k: FlowKey = from_bytes(&key);
                 out.push(SanctionCount {
                     interface: crate::netif::ifname(k.ifindex),
-                    flow: tuple_of(&k),
+                    flow: crate::datapath::key_tuple(&k),
                     from_class_id: f.from_class,
                     to_class_id: f.to_class,
                     packets: f.packets - p0,
