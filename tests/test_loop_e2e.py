@@ -118,6 +118,21 @@ def verifications(store_url: str) -> str:
     return "\n".join(" | ".join(str(c) for c in r) for r in rows)
 
 
+def protected_since(store_url: str, port: int) -> int | None:
+    """When the engine's first protection of the flow on `port` was applied, ns (None: never)."""
+    import clickhouse_connect
+
+    rows = clickhouse_connect.get_client(dsn=store_url).query(
+        "SELECT min(toUnixTimestamp64Nano(r.applied)) FROM cgloop.actions AS a FINAL "
+        "INNER JOIN cgloop.action_results AS r FINAL ON r.action_id = a.id "
+        "WHERE a.operation = 'ACTION_OPERATION_PROTECT_FLOW' "
+        "AND r.state = 'ACTION_STATE_APPLIED' "
+        f"AND (a.target_flow_src_port = {int(port)} OR a.target_flow_dst_port = {int(port)})"
+    ).result_rows
+    first = rows[0][0] if rows else None
+    return int(first) if first else None
+
+
 @pytest.fixture(scope="module")
 def loop_stack(tmp_path_factory: pytest.TempPathFactory):
     """The embedded stack WITH its Kafka→ClickHouse sink: the test reads the loop's rows."""
@@ -178,18 +193,32 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
         assert report.rows[kind] > 0, f"no rows in cgloop.{kind}: {report.rows}"
     assert [f.kind for f in report.faults] == ["congestion", "ect1_abuse"]
     congestion, abuse = report.faults
+    gaming_port = str(SCENARIO["traffic"][0]["port"] + 100)
+
+    def not_yet_protected(f) -> bool:
+        """The guard acts only for flows the global loop has named: on a loaded machine a
+        trial's fresh gaming flow can be classified, and so protected, only after the flood
+        began; then the global loop acting first is right. Asked only when the node was not
+        first, of the store (the engine's protect_flow results)."""
+        if f.kind != "congestion" or f.first_level == "node":
+            return False
+        since = protected_since(loop_stack.store_http_url, int(gaming_port))
+        return since is None or since > f.onset_ns
+
     # The node's micro loop acted first on both faults, within the fault, and its actions are
     # in the store (the global loop reads the same records).
     for f in report.faults:
         context = f.model_dump_json(indent=1)
-        assert f.first_level == "node", f"the node did not act first: {context}"
+        assert f.first_level == "node" or not_yet_protected(f), (
+            f"the node did not act first although the flow was protected: {context}"
+        )
         assert f.onset_ns <= f.first_ns <= f.end_ns, context
     # congestion: the latency guard moved the protected gaming flow of this trial (its port is
     # the scenario's + 100: trials get fresh flows) before or without the SLO breaking
-    gaming_port = str(SCENARIO["traffic"][0]["port"] + 100)
-    promoted = [s for _, op, s in congestion.node_actions if op == "reprioritise_flow"]
-    assert congestion.first_promotion_ns is not None, congestion.model_dump_json(indent=1)
-    assert any(gaming_port in s for s in promoted), (gaming_port, congestion.node_actions)
+    if not not_yet_protected(congestion):
+        promoted = [s for _, op, s in congestion.node_actions if op == "reprioritise_flow"]
+        assert congestion.first_promotion_ns is not None, congestion.model_dump_json(indent=1)
+        assert any(gaming_port in s for s in promoted), (gaming_port, congestion.node_actions)
     # the ground truth: the gaming flow never went over its SLO, or came back within the fault
     assert not congestion.affected or congestion.recovered_ns is not None, (
         congestion.model_dump_json(indent=1)
