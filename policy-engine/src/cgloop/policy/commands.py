@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 import yaml
+from cgloop.bus.topics import ACTIONS
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -89,7 +90,7 @@ def run(
     ] = None,
     node_facts: Annotated[
         bool,
-        typer.Option(help="read the node agents' own actions (cgloop.actions.v1) as facts"),
+        typer.Option(help=f"read the node agents' own actions ({ACTIONS.name}) as facts"),
     ] = True,
 ) -> None:
     """Run the engine: detections from Kafka in, actions to the node agents and Kafka out."""
