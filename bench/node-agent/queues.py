@@ -41,6 +41,7 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from cgloop.loop.cost import program_stats  # noqa: E402
 from cgloop.v1 import node_agent_pb2 as na  # noqa: E402
 
 from tests.test_node_agent_netns import Lab, in_netns  # noqa: E402
@@ -121,11 +122,6 @@ def agent_maps(pid: int) -> dict[str, int]:
         m = bpftool("map", "show", "id", str(i))
         out[m["name"]] = i  # type: ignore[index]
     return out
-
-
-def agent_progs(pid: int) -> list[dict]:
-    return [bpftool("prog", "show", "id", str(i))  # type: ignore[misc]
-            for i in sorted(held_ids(pid, "prog_id"))]
 
 
 def sampler_ns(pid: int) -> int:
@@ -211,8 +207,7 @@ def run(lab: Lab) -> None:
         maps = agent_maps(pid)
         slot = slot_of(maps, ifindex, CLASSIC)
         stats_flag.write_text("1")
-        progs0 = {p["name"]: (p.get("run_time_ns", 0), p.get("run_cnt", 0))
-                  for p in agent_progs(pid)}
+        progs0 = program_stats(pid) or {}
         cpu0, t0 = sampler_ns(pid), time.monotonic()
         burst.start()
         while time.monotonic() - t0 < DURATION_S:
@@ -224,8 +219,7 @@ def run(lab: Lab) -> None:
                 samples.append(((before + after) // 2, est))
             time.sleep(0.02)
         cpu1, t1 = sampler_ns(pid), time.monotonic()
-        progs1 = {p["name"]: (p.get("run_time_ns", 0), p.get("run_cnt", 0))
-                  for p in agent_progs(pid)}
+        progs1 = program_stats(pid) or {}
     finally:
         stop.set()
         burst.join(5)
@@ -240,7 +234,8 @@ def run(lab: Lab) -> None:
 def report(samples, rx, cpu_ns: int, wall_s: float, progs0: dict, progs1: dict) -> None:
     load = os.getloadavg()
     sampler = cpu_ns / (wall_s * 1e9)
-    bpf = {n: (progs1[n][0] - progs0.get(n, (0, 0))[0], progs1[n][1] - progs0.get(n, (0, 0))[1])
+    # program_stats: name -> (run_cnt, run_time_ns), cumulative; here (ns, runs) in the window
+    bpf = {n: (progs1[n][1] - progs0.get(n, (0, 0))[1], progs1[n][0] - progs0.get(n, (0, 0))[0])
            for n in progs1 if n.startswith(("cgl_classify", "cgl_qmon"))}
     bpf_share = sum(t for t, _ in bpf.values()) / (wall_s * 1e9)
     print(f"queue monitor benchmark: {wall_s:.1f} s, load average "
