@@ -251,3 +251,36 @@ def test_responsive_l4s_sender_halves_on_echoed_ce_over_loopback(tmp_path):
     assert quiet_client["ecn"]["ect1"] == quiet_client["received"] > 0
     assert quiet["rate_cuts"] == 0 and quiet["echoed_ce"] == 0
     assert server["sent"] < quiet["sent"] / 3  # it really sent less
+
+
+def test_a_sender_starved_of_cpu_drops_its_stale_frames_instead_of_bursting_them():
+    """A sender held up 150 ms (as a loaded node starves a thread) resumes at the current
+    frame: the ~15 frames it missed are counted as skipped, never sent back to back."""
+    import threading
+    import time
+
+    from cgloop.lab.traffic.media import Sender
+    from cgloop.lab.traffic.profiles import StreamSpec
+
+    class StallingSocket:
+        def __init__(self) -> None:
+            self.sent_at: list[float] = []
+
+        def setsockopt(self, *_: object) -> None:
+            pass
+
+        def sendto(self, data: bytes, peer: object) -> int:
+            self.sent_at.append(time.monotonic())
+            if len(self.sent_at) == 3:
+                time.sleep(0.15)  # the thread loses the CPU mid-stream
+            return len(data)
+
+    sock = StallingSocket()
+    spec = StreamSpec(rate_kbps=800, fps=100, payload_max=1200, size_cv=0)  # 1 packet a frame
+    sender = Sender(sock, ("127.0.0.1", 9), spec, 0.5, threading.Event(), seed=1)  # type: ignore[arg-type]
+    sender.run()
+    resumed = sock.sent_at[2] + 0.15
+    right_after = sum(1 for t in sock.sent_at[3:] if t < resumed + 0.02)
+    assert sender.frames_skipped >= 10, sender.frames_skipped
+    assert right_after <= 4, (right_after, sock.sent_at)  # a catch-up sends 15 at once
+    assert len(sock.sent_at) + sender.frames_skipped == sender.frames  # sent or skipped, once

@@ -16,7 +16,7 @@ from cgloop.bus.topics import ACTIONS
 from cgloop.datasets.records import KINDS
 from cgloop.datasets.sink.writer import StoreWriter
 from cgloop.datasets.store.migrations import migrate
-from cgloop.loop.report import first_lever, node_timeline
+from cgloop.loop.report import first_lever, node_placed_at, node_timeline
 from cgloop.v1 import action_pb2 as a, common_pb2 as c
 
 store = sys.argv[1]
@@ -44,6 +44,14 @@ events = [
     # before the fault: not the fault's
     action(node, "n0", ONSET - 50 * MS, a.ACTION_LEVEL_NODE,
            a.ACTION_OPERATION_REPRIORITISE_FLOW, 49104, 49104, cause="promoted: x"),
+    # promoted and released again before the fault: back in best effort at onset
+    action(node, "p1", ONSET - 80 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49304, 49304, cause="promoted: y"),
+    action(node, "p2", ONSET - 20 * MS, a.ACTION_LEVEL_NODE,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49304, 49304, cause="released: class 1:10"),
+    # the engine's own move before the fault is not the node's placement
+    action(engine, "g0", ONSET - 30 * MS, a.ACTION_LEVEL_MICRO,
+           a.ACTION_OPERATION_REPRIORITISE_FLOW, 49404, 49404, reasons=["d0"]),
     # the guard releasing an earlier flow as the fault starts: listed, not a lever
     action(node, "n00", ONSET + 5 * MS, a.ACTION_LEVEL_NODE,
            a.ACTION_OPERATION_REPRIORITISE_FLOW, 49004, 49004, cause="released: class 1:10"),
@@ -70,6 +78,8 @@ print(json.dumps({
     "local": local, "other": other,
     "first": first_lever(engine_only, local, ONSET),
     "engine_first": first_lever(engine_only, other, ONSET),
+    "placed": node_placed_at(client, ONSET, "edge"),
+    "placed_later": node_placed_at(client, ONSET + 4000 * MS, "edge"),
 }))
 """
 
@@ -104,3 +114,8 @@ def test_first_lever_and_its_level(tmp_path: Path) -> None:
     assert out["engine_first"] == {
         "first_ns": onset + 155 * ms, "first_level": "micro", "first_lever": "reprioritise_flow",
     }
+
+    # the flows the guard held promoted when the fault began: 49104 promoted 50 ms before onset
+    # (49304 promoted then released; 49404 moved by the engine, not the node)
+    assert out["placed"] == ["49104>49104"]
+    assert out["placed_later"] == ["49104>49104"]  # promoted again; 49004 released

@@ -72,6 +72,10 @@ class FaultOutcome(BaseModel):
     detections: list[tuple[float, str, str]] = []
     # the node's micro loop during the fault: (ms after onset, operation, flow "src>dst" ports)
     node_actions: list[tuple[float, str, str]] = []
+    # flows ("src>dst" ports) the latency guard held in the gaming class when the fault began:
+    # promoted earlier (a queue before the fault) and not released since. A fault cannot
+    # queue such a flow in the class it floods, so the node has nothing left to do for it.
+    node_placed_at_onset: list[str] = []
     first_sanction_ns: int | None = None  # RFC 9957 queue protection's first sanction
     first_promotion_ns: int | None = None  # the latency guard's first promotion
     # the first lever applied during the fault, whichever level: node (the agent alone),
@@ -247,6 +251,23 @@ def node_timeline(client, onset: int, end: int, node: str) -> dict:
     return out
 
 
+PLACEMENT_LOOKBACK_NS = 120_000_000_000  # longer than the guard's protections live (30 s)
+
+
+def node_placed_at(client, onset: int, node: str) -> list[str]:
+    """Flows whose last move by the node's guard before `onset` was a promotion."""
+    rows = client.query(
+        "SELECT target_flow_src_port, target_flow_dst_port, argMax(cause, time) FROM "
+        "cgloop.actions FINAL WHERE source_id = {src:String} AND level = 'ACTION_LEVEL_NODE' "
+        "AND operation = 'ACTION_OPERATION_REPRIORITISE_FLOW' "
+        "AND time >= fromUnixTimestamp64Nano({a:Int64}) "
+        "AND time < fromUnixTimestamp64Nano({b:Int64}) "
+        "GROUP BY target_flow_src_port, target_flow_dst_port ORDER BY 1, 2",
+        parameters={"src": node_source(node), "a": onset - PLACEMENT_LOOKBACK_NS, "b": onset},
+    ).result_rows
+    return [f"{sport}>{dport}" for sport, dport, cause in rows if not cause.startswith(RELEASED)]
+
+
 def first_lever(timeline: dict, node: dict, onset: int) -> dict:
     """The node's first action or the engine's first applied one, whichever came first."""
     out = {k: node[k] for k in ("first_ns", "first_level", "first_lever") if k in node}
@@ -300,6 +321,7 @@ def build_report(
                 **{k: v for k, v in timeline.items() if k != "level"},
                 **{k: v for k, v in local.items() if k in NODE_FIELDS},
                 **first_lever(timeline, local, onset),
+                node_placed_at_onset=node_placed_at(client, onset, node),
             )
             o.before = _worst(packets, onset - span, onset)
             o.during = _worst(packets, onset, end)

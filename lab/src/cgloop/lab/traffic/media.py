@@ -30,6 +30,12 @@ HEADER_BYTES = RTP.size + STAMP.size
 CE_ECHO = struct.Struct("!I")
 CE_ECHO_PT = 102
 RTP_CLOCK_HZ = 90_000
+# A frame more than this many periods late is dropped, not sent: an encoder paces its frames
+# and skips the stale ones (a game stream never replays the frames it missed). Without it, a
+# sender starved of CPU for a few hundred ms (the lab's own load: 2 cores, load 10-18) sent
+# every missed frame back to back, and that self-made burst of its own packets (138 ms of
+# queue, seen in the end-to-end test) was the only congestion the loop then saw.
+STALE_PERIODS = 2
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RXQ_OVFL = 40
@@ -84,6 +90,7 @@ class Sender(threading.Thread):
         self.sent = 0
         self.sent_bytes = 0
         self.send_errors = 0
+        self.frames_skipped = 0
 
     def run(self) -> None:
         spec = self.spec
@@ -107,6 +114,10 @@ class Sender(threading.Thread):
             if due > now:
                 self.stop.wait(due - now)
                 continue
+            if now - due > STALE_PERIODS * period:
+                missed = int((now - start) / period) - frame
+                self.frames_skipped += missed
+                frame += missed
             if spec.responsive:
                 self._react(now)
             size = self.rate_factor * (
@@ -269,6 +280,7 @@ def run_peer(
         "sent": sender.sent if sender else 0,
         "sent_bytes": sender.sent_bytes if sender else 0,
         "send_errors": sender.send_errors if sender else 0,
+        "frames_skipped": sender.frames_skipped if sender else 0,
         "received": len(packets),
         "malformed": receiver.malformed,
         "socket_drops": receiver.socket_drops,
