@@ -3,7 +3,7 @@
 # (telemetry/int-collector/fuzz/corpus/<target>). INT_FUZZ_SECONDS per target (default 30;
 # 4 targets = 2 minutes). New inputs libFuzzer finds go to a temporary folder, never into the
 # repo. This step never skips silently: if fuzzing cannot run, it fails and says why.
-#   --build-only   build the targets and exit (used by scripts/bootstrap.d/int-collector.sh)
+#   --build-only   build the targets and exit (used by scripts/bootstrap.d/int-collector.test.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PATH="$PWD/.cache/cargo-fuzz/bin:$HOME/.cargo/bin:$PATH"
@@ -12,7 +12,7 @@ targets=(parse_report parse_int parse_inner state_ingest)
 seconds="${INT_FUZZ_SECONDS:-30}"
 
 die() { printf '\n\033[1;31mint-collector fuzz: FAILED: %s\033[0m\n' "$*" >&2; exit 1; }
-command -v cargo-fuzz >/dev/null || die "cargo-fuzz is not installed (run scripts/bootstrap.sh: scripts/bootstrap.d/int-collector.sh installs it into .cache/cargo-fuzz)"
+command -v cargo-fuzz >/dev/null || die "cargo-fuzz is not installed (run scripts/bootstrap.sh --with-test-tools: scripts/bootstrap.d/int-collector.test.sh installs it into .cache/cargo-fuzz)"
 
 # libFuzzer instrumentation needs nightly rustc flags (-Zsanitizer, sancov). Use a nightly
 # toolchain when rustup has one; otherwise the stable compiler with RUSTC_BOOTSTRAP=1, which

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# INT collector (telemetry/int-collector): cargo-fuzz for the bounded fuzzing step of
-# scripts/test.d/int-collector.sh, installed from crates.io into .cache/cargo-fuzz (kept by CI's
-# cache), and the fuzz targets built once so the test step spends its time fuzzing.
+# INT collector (telemetry/int-collector), for the tests only (`make test` runs it through
+# `scripts/bootstrap.sh --with-test-tools`; `make run` does not): cargo-fuzz for the bounded
+# fuzzing step of scripts/test.d/int-collector.sh, installed from crates.io into .cache/cargo-fuzz
+# (kept by CI's cache), and the fuzz targets built once so the test step spends its time fuzzing.
 # Idempotent: does nothing when the pinned version is already there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
