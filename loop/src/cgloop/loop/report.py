@@ -356,28 +356,41 @@ def first_cell(o: FaultOutcome) -> str:
     return f"{_f(o.ms(o.first_ns))} ms {o.first_lever or '?'} ({o.first_level})"
 
 
+# The terminal table fits this many columns (report.html keeps the full table).
+TERMINAL_WIDTH = 100
+
+
 def print_report(report: LoopReport, console: Console) -> None:
+    """The per-fault table for a terminal, at most `TERMINAL_WIDTH` columns wide (narrower
+    when the console is): decided/applied/verified share a column, and a long value folds
+    onto the next line, never cut. report.html has one column per step."""
+    width = min(console.width, TERMINAL_WIDTH)
     t = Table(title=f"cgloop closed loop ({report.loop}): gaming SLO p99 < "
-              f"{report.slo_p99_ms:g} ms; times in ms after the fault's onset")
-    for col in ("fault", "first lever (level)", "detected", "decided", "applied", "verified",
-                "recovered", "engine's action / verdict",
-                "gaming p99 before / during / after (ms)"):
-        t.add_column(col)
+              f"{report.slo_p99_ms:g} ms; times in ms after the fault's onset",
+              show_lines=True, width=width)
+    for col, ratio in (("fault", 3), ("first lever (level)", 3), ("detected", 2),
+                       ("decided / applied / verified", 2), ("recovered", 2),
+                       ("engine's action / verdict", 3), ("gaming p99 before / during / after",
+                                                           2)):
+        t.add_column(col, ratio=ratio, overflow="fold")
     for o in report.faults:
         rec = ("not affected" if not o.affected
                else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
         t.add_row(
             f"{o.fault} ({o.kind})", first_cell(o),
             f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}".strip(),
-            _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
+            f"{_f(o.ms(o.decision_ns))} / {_f(o.ms(o.applied_ns))} / "
+            f"{_f(o.ms(o.verified_ns))}",
+            rec,
             f"{o.action or '-'}\n{o.verdict or ''}".strip(),
             f"{_f(o.before.p99_ms, '{:.1f}')} / {_f(o.during.p99_ms, '{:.1f}')} / "
-            f"{_f(o.after.p99_ms, '{:.1f}')}",
+            f"{_f(o.after.p99_ms, '{:.1f}')} ms",
         )
-    console.print(t)
+    console.print(t, width=width)
     console.print(
         f"gaming flows classified: {report.gaming_flows_classified}; rows in the store: "
-        + ", ".join(f"{k} {v}" for k, v in report.rows.items())
+        + ", ".join(f"{k} {v}" for k, v in report.rows.items()),
+        width=width, overflow="fold",
     )
 
 
