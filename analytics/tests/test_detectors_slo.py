@@ -4,9 +4,12 @@ jitter, and the bounded state."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from cgloop.analytics.detectors import SloDetector, make_detection
-from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, SloProfile, _Series
+from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, _Series
+from cgloop.slo import GENERIC
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.detection_pb2 import Severity
@@ -160,7 +163,7 @@ def test_profiles_per_platform() -> None:
         "loss": 0.05,
         "throughput": 15.0,
     }
-    assert series[1]["jitter"].threshold == SloProfile().jitter_ms == 5.0
+    assert series[1]["jitter"].threshold == PLATFORM_SLOS[GENERIC].jitter_ms == 5.0
     assert series[2]["loss"].threshold == 0.02 and not flows[2].down
     assert [f.platform for f in flows] == ["gfn", "nobody-knows", "psn"]
     assert series[0]["throughput"].upward is False and series[0]["latency"].upward is True
@@ -265,7 +268,7 @@ def test_a_minor_breach_and_a_throughput_breach() -> None:
 )
 def test_throughput_severity_is_the_shortfall(objective, mbps, severity) -> None:
     det = SloDetector(
-        profiles={"": SloProfile(min_down_mbps=objective)},
+        profiles={GENERIC: replace(PLATFORM_SLOS[GENERIC], min_down_mbps=objective)},
         params=SeriesParams(min_duration_ns=0, cusum_k=0.0, cusum_h=0.5),
     )
     det.watch(ft(), "")

@@ -95,7 +95,7 @@ def _classified_session(small_model) -> tuple[AnalyticsEngine, list[FlowRecord]]
     """An engine with the loop's latency settings that has classified a 3 s GFN session."""
     model, card = small_model
     eng = AnalyticsEngine(model, card.version, EngineConfig(
-        latency_slo_ms=20.0, slo_min_duration_s=1.0, latency_min_duration_s=0.05))
+        slo_profile="lab", slo_min_duration_s=1.0, latency_min_duration_s=0.05))
     recs = gaming_records("gfn", 3, seed=5)
     for batch in sweeps(recs):
         eng.on_flows(batch)

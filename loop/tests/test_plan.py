@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cgloop.errors import CgloopError
 from cgloop.lab.scenario import load_scenario
 from cgloop.lab.topology import load_topology
 from cgloop.lab.traffic.stats import Packets
@@ -23,6 +24,8 @@ from cgloop.loop.edge import (
 )
 from cgloop.loop.report import recovery
 from cgloop.policy.model import load_policies
+from cgloop.slo import LAB
+from cgloop.slo import table as slo_table
 
 
 @pytest.fixture
@@ -88,14 +91,30 @@ def test_rendered_policies_validate_and_target_the_edge(plan: EdgePlan, tmp_path
     }
     text = (tmp_path / "loop.yaml").read_text()
     assert "{edge_node}" not in text and "{edge_interface}" not in text
+    assert "{latency_slo_ns}" not in text and "{latency_slo_ms}" not in text
     assert 'node_id: "edge"' in text and 'interface_name: "cpe"' in text
     gaming = next(p for p in policies if p.id == "lab-gaming-latency-reprioritise")
     assert gaming.action.operation.value == "reprioritise_flow"
-    # the micro loop's protections: the gaming class and the lab's 20 ms SLO
+    # the micro loop's protections: the gaming class and the lab's SLO, the SLO table's
     protect = next(p for p in policies if p.id == "lab-gaming-protect")
     assert protect.action.operation.value == "protect_flow"
     assert protect.action.parameters["class_id"] == GAMING_CLASS
     assert protect.action.parameters["latency_slo_ns"] == int(plan.latency_slo_ms * 1e6)
+    assert protect.action.parameters["latency_slo_ns"] == slo_table().deployment(LAB).latency_ns
+
+
+def test_the_loop_defends_the_slo_tables_lab_profile(plan: EdgePlan, tmp_path: Path) -> None:
+    lab = slo_table().latency_ms(LAB)
+    assert LoopOptions().slo_profile == LAB
+    assert LoopOptions().latency_slo_ms == plan.latency_slo_ms == lab
+    # another profile's objective reaches the rendered policies and the probes
+    plan.latency_slo_ms = 35.0
+    assert {p.overdue_after_ns for p in plan.probes()} == {35_000_000}
+    text = (write_policies(tmp_path, plan) / "loop.yaml").read_text()
+    assert "latency_slo_ns: 35000000" in text and "value: 35000000" in text
+    assert "loop's 35 ms objective" in text and "under the 35 ms objective" in text
+    with pytest.raises(CgloopError, match="no SLO deployment profile 'moon'"):
+        _ = LoopOptions(slo_profile="moon").latency_slo_ms
 
 
 def test_each_fault_is_a_trial_with_fresh_gaming_flows() -> None:

@@ -15,6 +15,8 @@ from cgloop.lab.topology import load_topology
 from cgloop.loop.closed_loop import default_scenario, write_policies
 from cgloop.loop.edge import EdgePlan
 from cgloop.policy.model import load_policies
+from cgloop.slo import LAB
+from cgloop.slo import table as slo_table
 
 
 @pytest.fixture
@@ -29,6 +31,7 @@ def test_every_loop_policy_expects_the_slo_of_a_probed_queue(
     load_policies([folder])  # the engine accepts them
     probed = {p.dscp for p in plan.probes()}
     slo_ns = plan.latency_slo_ms * 1e6
+    assert slo_ns == slo_table().deployment(LAB).latency_ns  # the SLO table's lab objective
     policies = [
         p for f in sorted(folder.glob("*.yaml")) for p in yaml.safe_load(f.read_text())["policies"]
     ]

@@ -118,8 +118,10 @@ def register(app: typer.Typer) -> None:
         state: Annotated[Path | None, typer.Option(help="worker state file")] = None,
         max_idle_s: Annotated[float | None, typer.Option(help="exit after idle seconds")] = None,
         anomaly: Annotated[bool, typer.Option(help="emit flow-anomaly detections")] = True,
-        latency_slo_ms: Annotated[
-            float | None, typer.Option(help="latency objective for every platform, ms")
+        slo_profile: Annotated[
+            str | None,
+            typer.Option(help="a deployment profile of the SLO table (cgloop.slo, e.g. 'lab') "
+                         "whose objectives replace every platform's; default: each platform's"),
         ] = None,
         slo_min_duration_s: Annotated[
             float, typer.Option(help="how long a value stays past its SLO before it fires")
@@ -148,7 +150,7 @@ def register(app: typer.Typer) -> None:
         else:
             console.print(f"[yellow]no model at {path}: classification off (run `cgloop train`)")
         engine = AnalyticsEngine(clf, version, EngineConfig(
-            anomaly=anomaly, latency_slo_ms=latency_slo_ms,
+            anomaly=anomaly, slo_profile=slo_profile,
             slo_min_duration_s=slo_min_duration_s, latency_min_duration_s=latency_min_duration_s,
             latency_window_s=latency_window_s,
         ))

@@ -8,13 +8,13 @@ only the last `window_s` of records; idle ones are evicted on `evict()`.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from cgloop.analytics.detectors.base import Suppressor, ev, make_detection
 from cgloop.analytics.detectors.l4s import L4sAbuseDetector
 from cgloop.analytics.detectors.overload import QueueOverloadDetector
-from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SeriesParams, SloDetector
+from cgloop.analytics.detectors.slo import SeriesParams, SloDetector, platform_slos
 from cgloop.analytics.features import FEATURE_NAMES, split_directions, window_features
 from cgloop.analytics.model import FlowModel
 from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label, tuple_key
@@ -58,8 +58,10 @@ class EngineConfig:
     max_flows: int = 50_000
     idle_s: float = 30.0
     anomaly: bool = True  # detections for dashboards; labelled remediation=off
-    # Replaces every platform's latency objective (e.g. the lab's 20 ms gaming SLO).
-    latency_slo_ms: float | None = None
+    # A deployment profile of the SLO table (cgloop.slo) whose objectives replace every
+    # platform's where it sets them (`lab`: the lab's gaming latency objective); None: each
+    # platform's own.
+    slo_profile: str | None = None
     # How long a value must stay past its SLO before an episode fires.
     slo_min_duration_s: float = 1.0
     # The same for latency alone (None: slo_min_duration_s). Probes sample latency every few
@@ -77,11 +79,7 @@ class AnalyticsEngine:
         self.model = model
         self.model_version = model_version
         self.cfg = config or EngineConfig()
-        profiles = None
-        if self.cfg.latency_slo_ms is not None:
-            profiles = {
-                k: replace(v, latency_ms=self.cfg.latency_slo_ms) for k, v in PLATFORM_SLOS.items()
-            }
+        profiles = platform_slos(self.cfg.slo_profile)
         latency_min = self.cfg.latency_min_duration_s
         self.slo = SloDetector(
             profiles, SeriesParams(min_duration_ns=int(self.cfg.slo_min_duration_s * NS)),

@@ -43,6 +43,8 @@ from cgloop.loop.services import (
     probe_binary,
     settings_env,
 )
+from cgloop.slo import LAB
+from cgloop.slo import table as slo_table
 from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
 
@@ -51,13 +53,28 @@ LOOP_POLICIES = "policies"
 ANALYTICS_TOPICS = ANALYTICS_INPUTS
 
 
+def policy_values(plan: EdgePlan) -> dict[str, str]:
+    """What the policy templates' placeholders become for this edge: its node and bottleneck
+    interface, and the gaming latency objective it defends (the SLO table's, cgloop.slo)."""
+    return {
+        "{edge_node}": plan.node,
+        "{edge_interface}": plan.bottleneck,
+        "{latency_slo_ns}": str(round(plan.latency_slo_ms * 1_000_000)),
+        "{latency_slo_ms}": f"{plan.latency_slo_ms:g}",
+    }
+
+
 def write_policies(folder: Path, plan: EdgePlan) -> Path:
-    """The loop's policies for this edge: the packaged templates with its node and interface."""
+    """The loop's policies for this edge: the packaged templates with its node, interface and
+    latency objective (`policy_values`)."""
     folder.mkdir(parents=True, exist_ok=True)
+    values = policy_values(plan)
     for src in (resources.files("cgloop.loop") / "data" / LOOP_POLICIES).iterdir():
         if src.name.endswith(".yaml"):
-            text = src.read_text().replace("{edge_node}", plan.node)
-            (folder / src.name).write_text(text.replace("{edge_interface}", plan.bottleneck))
+            text = src.read_text()
+            for placeholder, value in values.items():
+                text = text.replace(placeholder, value)
+            (folder / src.name).write_text(text)
     return folder
 
 
@@ -73,7 +90,10 @@ class LoopOptions:
     # the engine takes the node's own actions as facts (verifies, may roll them back); off, it
     # ignores them (the benchmark's control for what its verification of node moves does)
     node_facts: bool = True
-    latency_slo_ms: float = 20.0
+    # the deployment profile of the SLO table (cgloop.slo) the loop defends: the analytics
+    # judge every gaming flow by it, the probes report a reply overdue after its latency, the
+    # policies protect flows and verify actions against it, the report reads recovery by it
+    slo_profile: str = LAB
     # how long a breach lasts before it fires: flow-record metrics (throughput, loss, jitter;
     # a record per 100 ms) and latency (probes every 10 ± 5 ms and their overdue notices)
     slo_min_duration_s: float = 0.2
@@ -85,6 +105,11 @@ class LoopOptions:
     # each fault is a trial: lead_s of normal traffic, the fault, tail_s after it
     lead_s: float = 6.0
     tail_s: float = 4.0
+
+    @property
+    def latency_slo_ms(self) -> float:
+        """The gaming latency objective of `slo_profile` (one-way p99, ms)."""
+        return slo_table().latency_ms(self.slo_profile)
 
 
 @dataclass
@@ -220,7 +245,7 @@ class ClosedLoop:
         analytics_argv = [
             cgloop_exe(), "analytics", "run", "--group", analytics_group, "--model", str(model),
             "--state", str(self.loop_dir / "analytics-state.json"),
-            "--latency-slo-ms", str(o.latency_slo_ms),
+            "--slo-profile", o.slo_profile,
             "--slo-min-duration-s", str(o.slo_min_duration_s),
             "--latency-min-duration-s", str(o.latency_min_duration_s),
         ]

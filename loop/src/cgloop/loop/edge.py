@@ -21,6 +21,8 @@ import grpc
 from cgloop.lab.scenario import Scenario
 from cgloop.lab.sessions import GamingSpec
 from cgloop.lab.topology import Topology
+from cgloop.slo import LAB
+from cgloop.slo import table as slo_table
 from cgloop.v1 import node_agent_pb2 as na
 from cgloop.v1 import probe_pb2
 from cgloop.v1.node_agent_pb2_grpc import NodeAgentServiceStub
@@ -51,8 +53,9 @@ class EdgePlan:
     link_mbit: float
     targets: list[ProbeTarget] = field(default_factory=list)
     # The gaming latency SLO: a probe unanswered this long is reported at once (an overdue
-    # notice), so the loop knows latency is over the SLO without waiting out the delay.
-    latency_slo_ms: float = 20.0
+    # notice), so the loop knows latency is over the SLO without waiting out the delay. The
+    # lab's, from the SLO table (cgloop.slo); the closed loop sets its options' profile's.
+    latency_slo_ms: float = field(default_factory=lambda: slo_table().latency_ms(LAB))
 
     @classmethod
     def from_lab(cls, topo: Topology, scenario: Scenario) -> EdgePlan:

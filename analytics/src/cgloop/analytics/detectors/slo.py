@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from cgloop.analytics.detectors.base import ev, make_detection
 from cgloop.analytics.records import NS, TupleKey, conversation_key, tuple_key
+from cgloop.slo import GENERIC, Objectives
+from cgloop.slo import table as slo_table
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
 from cgloop.v1.flow_pb2 import FlowRecord
@@ -36,24 +38,27 @@ from cgloop.v1.flow_pb2 import FlowRecord
 
 @dataclass(frozen=True)
 class SloProfile:
-    """Per-platform service objectives (named defaults from MOSAICO D234 Table 2.1)."""
+    """A platform's objectives, as the detector applies them (from the SLO table, cgloop.slo)."""
 
-    latency_ms: float = 60.0
-    jitter_ms: float = 5.0
-    loss: float = 0.05
-    min_down_mbps: float = 8.0
+    latency_ms: float
+    jitter_ms: float
+    loss: float
+    min_down_mbps: float
+
+    @classmethod
+    def of(cls, o: Objectives) -> SloProfile:
+        return cls(o.latency_ms, o.jitter_ms, o.loss, o.min_down_mbps)
 
 
-PLATFORM_SLOS: dict[str, SloProfile] = {
-    # 2 ms of jitter already doubles GFN's rate; GFN tolerates 100 ms added latency.
-    "gfn": SloProfile(latency_ms=100.0, jitter_ms=2.0, loss=0.05, min_down_mbps=15.0),
-    # Stadia needs >= 10 Mbit/s.
-    "std": SloProfile(latency_ms=60.0, jitter_ms=5.0, loss=0.05, min_down_mbps=10.0),
-    # PSN fails above 5 % loss and under any jitter: tighter thresholds.
-    "psn": SloProfile(latency_ms=60.0, jitter_ms=2.0, loss=0.02, min_down_mbps=10.0),
-    "xc": SloProfile(latency_ms=60.0, jitter_ms=5.0, loss=0.05, min_down_mbps=8.0),
-    "": SloProfile(),
-}
+def platform_slos(deployment: str | None = None) -> dict[str, SloProfile]:
+    """Every platform's profile from the SLO table (cgloop.slo: MOSAICO D234 Table 2.1), under
+    a deployment profile's objectives if named (e.g. `lab`: 20 ms latency for every platform).
+    Unknown deployment names raise CgloopError listing the known ones."""
+    t = slo_table()
+    return {name: SloProfile.of(t.objectives(name, deployment)) for name in t.platforms}
+
+
+PLATFORM_SLOS: dict[str, SloProfile] = platform_slos()
 
 
 @dataclass
@@ -189,7 +194,7 @@ class SloDetector:
         if len(self.flows) >= self.max_flows:
             oldest = min(self.flows, key=lambda k: self.flows[k].last_seen)
             del self.flows[oldest]
-        prof = self.profiles.get(platform, self.profiles[""])
+        prof = self.profiles.get(platform) or self.profiles[GENERIC]
         thr = {
             "latency": prof.latency_ms, "jitter": prof.jitter_ms, "loss": prof.loss,
             "throughput": prof.min_down_mbps,
