@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Annotated, Any
 
 import typer
@@ -26,6 +26,8 @@ ENTRY_POINT_GROUP = "cgloop.cli"
 DEBUG_ENV = "CGLOOP_DEBUG"
 INPUT_ERROR_EXIT = 1
 BUG_EXIT = 70  # EX_SOFTWARE
+# The distribution that ships the `cgloop` command: `cgloop --version` prints its version.
+DISTRIBUTION = "cgloop-core"
 
 _err = Console(stderr=True)
 
@@ -40,6 +42,8 @@ class ErrorBoundary(TyperGroup):
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
+            if ctx.params.get("check_config"):
+                return _check_config(ctx)
             return super().invoke(ctx)
         except (Exit, Abort, TyperException):
             raise  # typer's own exits and usage errors already say what they must
@@ -70,11 +74,85 @@ app = typer.Typer(
 )
 
 
+def package_version() -> str:
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"cgloop {package_version()}")
+        raise Exit()
+
+
+def _remaining_args(ctx: typer.Context) -> list[str]:
+    # What a group left for its subcommand. Click < 9 keeps the subcommand's name apart
+    # (`_protected_args`); Click 9 keeps everything in `args`.
+    return [*getattr(ctx, "_protected_args", []), *ctx.args]
+
+
+def _check_config(ctx: typer.Context) -> None:
+    """`cgloop --check-config COMMAND ...`: parse COMMAND's options, arguments and their
+    CGLOOP_* variables exactly as running it would, then cgloop's settings (CGLOOP_*), and exit
+    without running it: 0 and one line if all are valid, else the error naming the setting."""
+    from cgloop.config import Settings
+    from pydantic import ValidationError
+
+    command = ctx.command
+    current = ctx
+    args = _remaining_args(ctx)
+    path: list[str] = []
+    while isinstance(command, TyperGroup):
+        if not args:
+            raise typer.BadParameter(
+                "needs the command to check, e.g. `cgloop --check-config sink`",
+                ctx=current,
+                param_hint="--check-config",
+            )
+        name, sub, args = command.resolve_command(current, args)
+        assert name is not None and sub is not None  # resolve_command fails otherwise
+        current = sub.make_context(name, args, parent=current)
+        command, path = sub, [*path, name]
+        args = _remaining_args(current)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise typer.BadParameter(
+            first["msg"], ctx=current, param_hint=f"CGLOOP_{field.upper()}"
+        ) from None
+    settings.kafka_security().properties()  # KafkaSecurityError names the variable
+    passed_on = f" (passed on unparsed: {' '.join(current.args)})" if current.args else ""
+    typer.echo(f"cgloop {' '.join(path)}: configuration OK{passed_on}")
+    raise Exit(0)
+
+
 @app.callback()
 def _root(
     debug: Annotated[
         bool,
         typer.Option("--debug", help=f"show the traceback of any error (also {DEBUG_ENV}=1)"),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help=f"print the version of cgloop ({DISTRIBUTION}) and exit",
+        ),
+    ] = False,
+    check_config: Annotated[
+        bool,
+        typer.Option(
+            "--check-config",
+            help="parse the command that follows, its options and every CGLOOP_* setting as "
+            "running it would, report the first error naming the setting, and exit without "
+            "running it",
+        ),
     ] = False,
 ) -> None:
     """Latency-aware closed loop for cloud-gaming networks."""
