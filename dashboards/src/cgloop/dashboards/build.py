@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from cgloop.dashboards import slo
 from cgloop.dashboards.clickhouse import Query, datasource_ref
 from cgloop.dashboards.micro_loop import (
     LEVEL,
@@ -50,14 +51,11 @@ GAMING = "'DETECTION_KIND_GAMING_FLOW_CLASSIFIED'"
 def noc_overview() -> db.Dashboard:
     uid = "cgloop-noc"
     lay = Layout(uid)
-    slo = "${slo_ms}"
     d = new_dashboard(
         uid,
         "cgloop / NOC overview",
         "Gaming flows and their latency SLO, what the detectors see and what the loop does.",
-    ).with_variable(
-        custom_variable("slo_ms", "gaming p99 latency SLO (ms)", ["50", "30", "20", "100"])
-    )
+    ).with_variable(slo.variable())
     d.with_panel(
         lay.place(
             stat_panel(
@@ -73,9 +71,9 @@ def noc_overview() -> db.Dashboard:
         lay.place(
             stat_panel(
                 "Gaming flows over their SLO",
-                "SELECT countIf(worst > " + slo + ") AS over_slo FROM ("
-                " SELECT max(p99_latency_ns) / 1e6 AS worst FROM cgloop.gaming_flow_minutes"
-                " WHERE $__timeFilter(minute)"
+                "SELECT countIf(worst > " + slo.latency_ms_sql("flow_platform") + ") AS over_slo"
+                " FROM (SELECT any(platform) AS flow_platform, max(p99_latency_ns) / 1e6 AS worst"
+                " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
                 " GROUP BY src_addr, dst_addr, src_port, dst_port, ip_protocol)",
             ),
             6,
@@ -114,7 +112,8 @@ def noc_overview() -> db.Dashboard:
                 " round(max(p99_jitter_ns) / 1e6, 2) AS worst_p99_jitter_ms,"
                 " round(100 * sum(lost_packets) / greatest(sum(lost_packets) + sum(packets), 1),"
                 " 3) AS loss_pct,"
-                " if(worst_p99_latency_ms > " + slo + ", 'OVER SLO', 'ok') AS slo"
+                " " + slo.latency_ms_sql() + " AS slo_ms,"
+                " if(worst_p99_latency_ms > slo_ms, 'OVER SLO', 'ok') AS slo"
                 " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
                 " GROUP BY platform, src_addr, src_port, dst_addr, dst_port"
                 " ORDER BY worst_p99_latency_ms DESC",
