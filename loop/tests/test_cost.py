@@ -1,4 +1,4 @@
-"""The agent's cost as the benchmark measures it: per-thread CPU from /proc, and the run time of
+"""The agent's cost as the benchmark measures it: per-thread CPU (psutil), and the run time of
 the BPF programs a process holds (root: a program is loaded and run through BPF_PROG_TEST_RUN)."""
 
 from __future__ import annotations
@@ -30,6 +30,33 @@ def test_thread_cpu_of_a_busy_process() -> None:
     assert 30 < cost.agent_pct_of_core <= 110, cost
     assert cost.sampler_pct_of_core is None  # no thread named like the queue monitor
     assert cost.micro_loop_pct_of_core is None
+
+
+NAMED_SPIN = """
+import ctypes, threading, time
+def spin():
+    ctypes.CDLL(None).prctl(15, b"queue-monitor", 0, 0, 0)  # PR_SET_NAME: the OS thread name
+    t = time.monotonic()
+    while time.monotonic() - t < 5: pass
+threading.Thread(target=spin).start()
+"""
+
+
+def test_a_thread_named_like_the_sampler_is_the_sampler() -> None:
+    child = subprocess.Popen([sys.executable, "-c", NAMED_SPIN])
+    try:
+        time.sleep(0.3)
+        meter = CostMeter(child.pid)
+        meter.start()
+        time.sleep(1.0)
+        cost = meter.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert "queue-monitor" in cost.threads_pct_of_core, cost
+    assert cost.sampler_pct_of_core is not None and 30 < cost.sampler_pct_of_core <= 110, cost
+    # the spinning thread is nearly all of the process
+    assert cost.sampler_pct_of_core > 0.8 * cost.agent_pct_of_core, cost
 
 
 class _TestRun(ctypes.Structure):

@@ -54,3 +54,17 @@ def test_log_tail_shows_what_the_process_printed(tmp_path: Path) -> None:
     while not proc.exited() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.log_tail(2).splitlines() == ["first", "last"]
+
+
+def test_a_pid_file_with_the_kernels_start_ticks_names_our_process(tmp_path: Path) -> None:
+    """Start ticks are the kernel's (field 22 of /proc/PID/stat), so a pid file written by an
+    earlier cgloop, which read that field itself, still finds the running process."""
+    proc = ManagedProcess("sleeper", tmp_path)
+    pid = proc.start(["sleep", "30"])
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        assert json.loads(proc.pid_file.read_text())["start_ticks"] == ticks
+        proc.pid_file.write_text(json.dumps({"pid": pid, "start_ticks": ticks}))
+        assert proc.pid() == pid
+    finally:
+        proc.stop(timeout_s=5)

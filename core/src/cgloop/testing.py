@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import psutil
 from cgloop.config import find_project_root
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 ROOT = find_project_root(Path(__file__))
 
 
-# Clock ticks a second, the unit of /proc/PID/stat's CPU times.
+# Clock ticks a second: the kernel's unit of CPU time, the finest a CPU reading can resolve.
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 T = TypeVar("T")
@@ -31,10 +32,8 @@ T = TypeVar("T")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (benchmarks: another process's share)."""
-    # Fields 14 and 15 (utime, stime), counted after the ")" ending the command name, which may
-    # itself hold spaces and parentheses.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def free_port() -> int:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -27,8 +25,9 @@ import socket
 import sys
 import time
 
+from cgloop.lab.procs import enter_netns
+
 log = logging.getLogger("cgloop.lab.bridge")
-_CLONE_NEWNET = 0x40000000
 _CHUNK = 256 * 1024
 
 
@@ -53,12 +52,9 @@ def listen(port: int, timeout_s: float = 5.0) -> socket.socket:
 
 def enter_netns_of(pid: int) -> None:
     """Move the calling thread into the network namespace of `pid`."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
     try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into the network namespace of pid {pid}: {os.strerror(err)}")
+        enter_netns(fd, f"the network namespace of pid {pid}")
     finally:
         os.close(fd)
 

@@ -8,8 +8,6 @@ lab's namespaces and deletes the namespaces, which takes their veths and qdiscs 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import threading
 from collections.abc import Callable
@@ -55,14 +53,12 @@ class LabStatus(BaseModel):
 
 def in_netns(ns: str, fn: Callable[[], Any]) -> Any:
     """Run `fn` in a short-lived thread that has joined `ns` (setns is per thread)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     result: dict[str, Any] = {}
 
     def run() -> None:
         fd = os.open(procs.netns_path(ns), os.O_RDONLY)
         try:
-            if libc.setns(fd, 0x40000000) != 0:
-                raise OSError(ctypes.get_errno(), f"setns({ns})")
+            procs.enter_netns(fd, f"namespace {ns}")
             result["value"] = fn()
         except BaseException as exc:
             result["error"] = exc

@@ -18,8 +18,22 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 NETNS_RUN_DIR = Path("/var/run/netns")
 _CLONE_NEWNET = 0x40000000
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+# setns(2) through libc: os.setns needs Python 3.12, and the workspace runs on 3.11 too.
+# Loaded at import, so a child between fork and exec only calls it.
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def enter_netns(fd: int, what: str) -> None:
+    """Move the calling thread into the network namespace open at `fd`; `what` names that
+    namespace in the error."""
+    if _LIBC.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns into {what}: {os.strerror(err)}")
 
 
 def netns_path(netns: str) -> Path:
@@ -34,23 +48,27 @@ def netns_inode(netns: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _ticks(proc: psutil.Process) -> int:
+    # create_time() is the boot time plus the start since boot: without the boot time, a value
+    # in clock ticks that no clock adjustment changes (the kernel's own, /proc/PID/stat's 22nd)
+    return round((proc.create_time() - psutil.boot_time()) * _CLK_TCK)
+
+
 def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks (field 22 of /proc/pid/stat), None if gone."""
+    """The process's start time in clock ticks since boot, None if gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return _ticks(psutil.Process(pid))
+    except psutil.Error:
         return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def alive(pid: int, ticks: int | None) -> bool:
     """True while `pid` runs and is still the process that started at `ticks` (not a zombie)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and (ticks is None or _ticks(proc) == ticks)
+    except psutil.Error:
         return False
-    return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
 
 
 def spawn(
@@ -62,11 +80,9 @@ def spawn(
 ) -> subprocess.Popen:
     """Start `argv` inside namespace `netns`, in its own session; stdout+stderr go to `log`."""
     fd = os.open(netns_path(netns), os.O_RDONLY)
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
     def enter() -> None:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns({netns}) failed")
+        enter_netns(fd, f"namespace {netns}")
 
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     try:
@@ -91,15 +107,13 @@ def pids_in_netns(netns: str) -> list[int]:
     if want is None:
         return []
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            st = os.stat(entry / "ns" / "net")
+    for pid in psutil.pids():
+        try:  # psutil has no namespaces: the kernel's namespace link, stat()ed
+            st = os.stat(f"/proc/{pid}/ns/net")
         except OSError:
             continue
         if (st.st_dev, st.st_ino) == want:
-            found.append(int(entry.name))
+            found.append(pid)
     return found
 
 

@@ -2,7 +2,7 @@
 sampler among them) and the run time of its BPF programs (the classifier, with RFC 9957 queue
 protection inside it, and the queue monitor's qdisc tracepoint programs).
 
-Threads are read from `/proc/<pid>/task/*/stat` (user + system ticks). BPF run time is counted
+Threads' CPU (user + system) and names are read with psutil. BPF run time is counted
 by the kernel only while statistics are enabled: `BPF_ENABLE_STATS` returns a file descriptor
 that keeps them on while it is open (reference counted, so other users' `kernel.bpf_stats_enabled`
 is left as it was), and `bpftool prog show` reads each program's `run_time_ns`/`run_cnt`; the
@@ -21,6 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel
 
 _SYS_BPF = 321  # x86_64
@@ -60,18 +61,15 @@ class AgentCost(BaseModel):
         return self.sampler_pct_of_core + bpf
 
 
-def thread_ticks(pid: int) -> dict[str, int]:
-    """CPU ticks (user + system) per thread name of `pid`; threads of one name are summed."""
-    out: dict[str, int] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread name of `pid`; threads of one name are summed."""
+    out: dict[str, float] = {}
+    for t in psutil.Process(pid).threads():
         try:
-            stat = (task / "stat").read_text()
-        except OSError:
+            name = psutil.Process(t.id).name()  # a thread id is a Process to psutil on Linux
+        except psutil.NoSuchProcess:
             continue  # the thread ended
-        # comm is in parentheses and may hold spaces: the fields after its last ")" are fixed
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
     return out
 
 
@@ -126,7 +124,7 @@ class CostMeter:
         self.pid = pid
         self._fd: int | None = None
         self._t0 = 0.0
-        self._threads: dict[str, int] = {}
+        self._threads: dict[str, float] = {}
         self._progs: dict[str, tuple[int, int]] | None = None
         self._stats_on = False
 
@@ -134,21 +132,18 @@ class CostMeter:
         self._fd = _enable_bpf_stats()
         self._stats_on = self._fd is not None
         self._t0 = time.monotonic()
-        self._threads = thread_ticks(self.pid)
+        self._threads = thread_cpu(self.pid)
         self._progs = program_stats(self.pid)
 
     def stop(self) -> AgentCost:
         wall = max(time.monotonic() - self._t0, 1e-9)
-        threads = thread_ticks(self.pid)
+        threads = thread_cpu(self.pid)
         progs = program_stats(self.pid)
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
-        hz = os.sysconf("SC_CLK_TCK")
-        pct = {
-            n: 100.0 * (t - self._threads.get(n, 0)) / hz / wall for n, t in threads.items()
-        }
+        pct = {n: 100.0 * (t - self._threads.get(n, 0.0)) / wall for n, t in threads.items()}
         sampler = [v for n, v in pct.items() if SAMPLER_THREADS.search(n)]
         programs = {}
         for name, (runs, ns) in (progs or {}).items():

@@ -16,16 +16,28 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
 
 def _start_ticks(pid: int) -> int | None:
-    """Process start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    """Process start time in clock ticks since boot, None if there is no such process.
+
+    psutil's create_time() is the boot time plus the start since boot: taking the boot time
+    off again gives a value no clock adjustment changes, kept in the pid file."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return round((psutil.Process(pid).create_time() - psutil.boot_time()) * _CLK_TCK)
+    except psutil.Error:
         return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @dataclass
@@ -48,10 +60,9 @@ class ManagedProcess:
         except (OSError, ValueError):
             return None
         pid, ticks = info.get("pid"), info.get("start_ticks")
-        if isinstance(pid, int) and _start_ticks(pid) == ticks and ticks is not None:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z":
-                return pid
+        ours = isinstance(pid, int) and ticks is not None and _start_ticks(pid) == ticks
+        if ours and _running(pid):
+            return pid
         self.pid_file.unlink(missing_ok=True)
         return None
 
@@ -127,12 +138,8 @@ class ManagedProcess:
         except PermissionError:
             return True
         # A group of only zombies is as good as gone.
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat.read_text()
-            except OSError:
-                continue
-            fields = text.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
+        for proc in psutil.process_iter(["status"]):
+            with contextlib.suppress(OSError):
+                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    return True
         return False
