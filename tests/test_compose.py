@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import importlib
 import ipaddress
 import json
 import os
@@ -19,11 +20,13 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
@@ -38,7 +41,18 @@ VALIDATOR_BIN = REPO / ".cache" / "compose-validate" / "composevalidate"
 GO_BUILD_TIMEOUT_S = 900
 
 INFRASTRUCTURE = {"kafka", "clickhouse", "grafana", "onos"}
-LOOP = {"probe", "int-collector", "sink", "analytics", "policy-engine", "node-agent"}
+DAEMONS = {"probe", "int-collector", "sink", "analytics", "policy-engine", "node-agent"}
+# One-shot services of the loop profile: they run to completion before the daemons start.
+INIT = {"node-agent-certs"}
+LOOP = DAEMONS | INIT
+# `cgloop` commands that hand their unparsed options on to a Rust program (and its subcommand).
+WRAPPERS = {
+    ("telemetry", "probe"): ("cgloop-probe", "run"),
+    ("telemetry", "int-collector"): ("cgloop-int-collector", "run"),
+}
+# What the node agent (--tls-dir) and the policy engine (--agent-tls-dir) read there.
+AGENT_TLS_FILES = {"ca.pem", "server.pem", "server.key"}
+ENGINE_TLS_FILES = {"ca.pem", "client.pem", "client.key"}
 HOST_NETWORK = {"probe", "node-agent"}
 # Bind mounts from outside the repository: host kernel interfaces only, each one deliberate.
 HOST_PATHS = {"/sys/fs/bpf", "/sys/kernel/btf"}
@@ -150,7 +164,9 @@ def published_targets(svc: Service) -> set[int]:
 def test_compose_file_loads_per_compose_spec(project: Project) -> None:
     assert project["name"] == "cgloop"
     assert set(project["services"]) == INFRASTRUCTURE | LOOP
-    assert {"kafka-data", "clickhouse-data", "grafana-data"} <= set(project["volumes"])
+    assert {"kafka-data", "clickhouse-data", "grafana-data", "cgloop-certs"} <= set(
+        project["volumes"]
+    )
 
 
 def test_default_profile_starts_infrastructure_only(validator: Path) -> None:
@@ -239,8 +255,23 @@ def test_dependencies_wait_for_healthchecks(project: Project) -> None:
         assert test and test[0] in {"CMD", "CMD-SHELL"}, f"{name} has no healthcheck"
     for name, svc in project["services"].items():
         for target, dep in (svc.get("depends_on") or {}).items():
+            if target in INIT:
+                # A one-shot service: waited for until it exits 0, and never restarted.
+                assert dep["condition"] == "service_completed_successfully", f"{name} -> {target}"
+                assert project["services"][target].get("restart") == "no", target
+                continue
             assert dep["condition"] == "service_healthy", f"{name} -> {target}"
             assert project["services"][target].get("healthcheck"), f"{target} has no healthcheck"
+
+
+def option(svc: Service, name: str) -> str | None:
+    """The value of `--name VALUE` in a service's command line, if given."""
+    command = svc.get("command") or []
+    for i, arg in enumerate(command[:-1]):
+        if arg == name:
+            value: str = command[i + 1]
+            return value
+    return None
 
 
 def test_loop_services_share_the_image_and_find_the_bus(project: Project) -> None:
@@ -251,21 +282,61 @@ def test_loop_services_share_the_image_and_find_the_bus(project: Project) -> Non
         assert Path(svc["build"]["context"]) == REPO
         assert svc["build"].get("dockerfile", "Dockerfile") == "Dockerfile"
         images.add(svc["image"])
+        if name in INIT:
+            continue
         env = svc.get("environment") or {}
-        bootstrap, store = env.get("CGLOOP_KAFKA_BOOTSTRAP"), env.get("CGLOOP_STORE_URL")
-        assert bootstrap and store, f"{name}: CGLOOP_KAFKA_BOOTSTRAP/CGLOOP_STORE_URL unset"
+        # The Python services read CGLOOP_KAFKA_BOOTSTRAP; the Rust agent takes --kafka.
+        bootstrap = env.get("CGLOOP_KAFKA_BOOTSTRAP") or option(svc, "--kafka")
+        assert bootstrap, f"{name}: neither CGLOOP_KAFKA_BOOTSTRAP nor --kafka"
         kafka_host, _, kafka_port = bootstrap.rpartition(":")
-        store_host, _, store_port = store.removeprefix("http://").rpartition(":")
         if name in HOST_NETWORK:
             # Off the compose network: only the ports published on the host are reachable.
             assert svc.get("network_mode") == "host", name
-            assert kafka_host == store_host == "127.0.0.1", name
+            assert kafka_host == "127.0.0.1", name
             kafka_ports = {p["published"] for p in service(project, "kafka")["ports"]}
-            store_ports = {p["published"] for p in service(project, "clickhouse")["ports"]}
-            assert kafka_port in kafka_ports and store_port in store_ports, name
+            assert kafka_port in kafka_ports, name
         else:
-            assert kafka_host == "kafka" and store_host == "clickhouse", name
+            assert kafka_host == "kafka", name
     assert len(images) == 1, f"the loop's services use one image, not {images}"
+
+
+def test_the_store_users_are_the_ones_clickhouse_creates(project: Project) -> None:
+    """The sink and analytics log in as a user of deploy/clickhouse/users.d with the password
+    ClickHouse gives it, from any address (the built-in `default` is loopback-only there)."""
+    root = ET.parse(DEPLOY / "clickhouse/users.d/cgloop.xml").getroot()
+    clickhouse_env = service(project, "clickhouse")["environment"]
+    users = clickhouse_users()
+    with_store = set()
+    for name in DAEMONS:
+        url = (service(project, name).get("environment") or {}).get("CGLOOP_STORE_URL")
+        if not url:
+            continue
+        with_store.add(name)
+        parts = urlsplit(url)
+        assert parts.hostname == "clickhouse" and parts.port in published_targets(
+            service(project, "clickhouse")
+        ), f"{name}: {parts.hostname}:{parts.port}"
+        user = unquote(parts.username or "default")
+        assert user in users, f"{name} logs in as {user!r}, which {DEPLOY.name}/clickhouse lacks"
+        assert unquote(parts.password or "") == clickhouse_env[users[user]], (
+            f"{name}: the password of {user!r} is not the one ClickHouse reads ({users[user]})"
+        )
+        networks = [ip.text for ip in root.findall(f"./users/{user}/networks/ip")]
+        assert any(not ipaddress.ip_network(n).is_loopback for n in networks if n), (
+            f"ClickHouse accepts {user!r} only from loopback: {networks}"
+        )
+    assert {"sink", "analytics"} <= with_store
+
+
+def test_the_onos_url_is_the_one_the_driver_expects(project: Project) -> None:
+    """The driver appends /onos/v1 itself: the setting is scheme://host:port only."""
+    from cgloop.actuators.onos.client import OnosSettings
+
+    env = service(project, "policy-engine")["environment"]
+    url = OnosSettings(url=env["CGLOOP_ONOS_URL"]).url
+    parts = urlsplit(url)
+    assert parts.path in ("", "/"), f"CGLOOP_ONOS_URL={url} has a path; the driver adds /onos/v1"
+    assert parts.hostname == "onos" and parts.port in published_targets(service(project, "onos"))
 
 
 def test_published_ports_bind_to_loopback_by_default(project: Project) -> None:
@@ -281,7 +352,7 @@ def test_published_ports_bind_to_loopback_by_default(project: Project) -> None:
 
 
 def test_loop_services_take_the_kafka_security_settings(project: Project) -> None:
-    for name in LOOP:
+    for name in DAEMONS:
         env = service(project, name).get("environment") or {}
         for var in (
             "CGLOOP_KAFKA_SECURITY_PROTOCOL",
@@ -552,3 +623,187 @@ def test_dockerfile_runtime_is_the_cgloop_command() -> None:
     ignored = set(dockerignore_patterns())
     assert {".venv", "target", ".state", ".cache"} <= ignored
     assert any("node_modules" in p for p in ignored)
+
+
+# ------------------------------------------------------------- what the services run -----------
+# No Docker engine here: each cgloop service's entrypoint and command run as their local
+# equivalents (the uv-installed `cgloop`, the Rust programs in target/), with the service's
+# environment and its named volumes as temporary folders.
+
+
+def image_entrypoint() -> list[str]:
+    entrypoints = [
+        json.loads(args) for keyword, args in dockerfile_instructions() if keyword == "ENTRYPOINT"
+    ]
+    entrypoint: list[str] = entrypoints[-1]
+    return entrypoint
+
+
+def local_program(name: str) -> Path:
+    """The local equivalent of a program of the image, or a skip naming how to build it."""
+    if name == "cgloop":
+        path = Path(sys.executable).parent / "cgloop"
+        if not path.is_file():
+            pytest.fail(f"the cgloop command is not installed beside {sys.executable}")
+        return path
+    from cgloop.binaries import BinaryNotFound, find_binary
+
+    try:
+        return find_binary(name, prefer_release=False)
+    except BinaryNotFound as exc:
+        pytest.skip(f"{name} is not built: {exc}")
+
+
+def service_env(svc: Service, state: Path) -> dict[str, str]:
+    """The service's environment and none of this process's CGLOOP_* settings; the image's
+    state and cache folders (its ENV, the cgloop-state volume) become private folders."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CGLOOP_")}
+    env.update({k: v or "" for k, v in (svc.get("environment") or {}).items()})
+    env["CGLOOP_STATE_DIR"] = str(state / "state")
+    env["CGLOOP_CACHE_DIR"] = str(state / "cache")
+    return env
+
+
+def local_command(svc: Service, volumes: dict[str, Path]) -> list[str]:
+    """The service's command line, each named volume's mount point replaced by its folder."""
+    targets = {
+        m["target"]: volumes[m["source"]]
+        for m in svc.get("volumes") or []
+        if m.get("type") == "volume" and m["source"] in volumes
+    }
+    return [str(targets.get(arg, arg)) for arg in svc.get("command") or []]
+
+
+def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def volumes(tmp_path_factory: pytest.TempPathFactory, project: Project) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("volumes")
+    return {name: root / name for name in project["volumes"]}
+
+
+@pytest.fixture(scope="module")
+def certs(project: Project, volumes: dict[str, Path], tmp_path_factory) -> Path:
+    """Run the init service that makes the node agent's certificates, as compose would."""
+    svc = service(project, "node-agent-certs")
+    entrypoint = svc.get("entrypoint") or image_entrypoint()
+    program = local_program(entrypoint[0])
+    cmd = [str(program), *entrypoint[1:], *local_command(svc, volumes)]
+    result = run(cmd, service_env(svc, tmp_path_factory.mktemp("certs-env")))
+    assert result.returncode == 0, f"node-agent-certs: {shlex.join(cmd)}\n{result.stderr}"
+    return volumes["cgloop-certs"]
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONS))
+def test_each_service_runs_a_command_that_takes_its_settings(
+    name: str, project: Project, volumes: dict[str, Path], tmp_path: Path
+) -> None:
+    """`cgloop --check-config CMD` parses the command, its options and the CGLOOP_* settings as
+    the service would and stops there; options a wrapper hands on to a Rust program, and the
+    Rust programs' own command lines, are parsed by that program (clap, before `--help`)."""
+    svc = service(project, name)
+    entrypoint = svc.get("entrypoint") or image_entrypoint()
+    program = local_program(entrypoint[0])
+    env = service_env(svc, tmp_path)
+    command = local_command(svc, volumes)
+    if entrypoint == ["cgloop"]:
+        cmd = [str(program), "--check-config", *command]
+        result = run(cmd, env)
+        assert result.returncode == 0, f"{name}: {shlex.join(cmd)}\n{result.stdout}{result.stderr}"
+        assert "configuration OK" in result.stdout, result.stdout
+        handed_on = re.search(r"passed on unparsed: (.*)\)$", result.stdout.strip())
+        wrapper = next((c for c in WRAPPERS if tuple(command[: len(c)]) == c), None)
+        if handed_on:
+            assert wrapper, f"{name}: `cgloop {command[0]}` ignores {handed_on.group(1)}"
+        if wrapper is None:
+            return
+        binary, sub = WRAPPERS[wrapper]
+        # What the wrapper runs: its own options are the binary's, then what it hands on.
+        cmd = [str(local_program(binary)), sub, *command[len(wrapper) :], "--help"]
+    else:
+        cmd = [str(program), *entrypoint[1:], *command, "--help"]
+    result = run(cmd, env)
+    assert result.returncode == 0, f"{name}: {shlex.join(cmd)}\n{result.stderr}"
+
+
+def test_the_certificates_are_where_agent_and_engine_read_them(
+    project: Project, certs: Path
+) -> None:
+    made = {p.name for p in certs.iterdir()}
+    assert made >= AGENT_TLS_FILES | ENGINE_TLS_FILES, sorted(made)
+    for name, flag in (("node-agent", "--tls-dir"), ("policy-engine", "--agent-tls-dir")):
+        svc = service(project, name)
+        mounted = {
+            m["target"]: m["source"] for m in svc.get("volumes") or [] if m["type"] == "volume"
+        }
+        tls_dir = option(svc, flag)
+        assert tls_dir and mounted.get(tls_dir) == "cgloop-certs", (
+            f"{name}: {flag} {tls_dir} is not where the cgloop-certs volume is mounted"
+        )
+    # The engine dials NODE=HOST:PORT; the agent's certificate must carry HOST.
+    host = option(service(project, "policy-engine"), "--agent").split("=", 1)[1].rsplit(":", 1)[0]
+    names = option_values(service(project, "node-agent-certs"), "--server-name")
+    assert host in names, f"the agent's certificate names {names}, the engine dials {host}"
+    agent_id = option(service(project, "node-agent"), "--node-id")
+    engine_id = option(service(project, "policy-engine"), "--agent").split("=", 1)[0]
+    assert agent_id == engine_id, f"agent node id {agent_id}, engine addresses {engine_id}"
+
+
+def option_values(svc: Service, name: str) -> list[str]:
+    command = svc.get("command") or []
+    return [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == name]
+
+
+def settings_the_code_reads() -> set[str]:
+    """Every CGLOOP_* variable a component reads: the fields of cgloop's settings classes
+    (pydantic-settings, CGLOOP_ prefixes), the variables of the `cgloop` command's options,
+    and the names in the Rust sources (the Kafka security variables)."""
+    from cgloop.cli.main import app, load_components
+    from pydantic_settings import BaseSettings
+    from typer.main import get_command
+
+    for source in REPO.glob("*/src/cgloop/**/*.py"):
+        text = source.read_text(errors="replace")
+        if "env_prefix" in text and "CGLOOP_" in text:
+            parts = source.relative_to(REPO).with_suffix("").parts
+            module = ".".join(parts[parts.index("cgloop") :])
+            importlib.import_module(module)
+    known: set[str] = set()
+    classes = list(BaseSettings.__subclasses__())
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        prefix = str(cls.model_config.get("env_prefix") or "")
+        if prefix.upper().startswith("CGLOOP_"):
+            known |= {f"{prefix}{field}".upper() for field in cls.model_fields}
+
+    load_components(app)
+    commands = [get_command(app)]
+    while commands:
+        command = commands.pop()
+        commands.extend(getattr(command, "commands", {}).values())
+        for param in command.params:
+            envvar = param.envvar or []
+            known |= {envvar} if isinstance(envvar, str) else set(envvar)
+    for source in REPO.glob("*/**/src/**/*.rs"):
+        if "target" not in source.relative_to(REPO).parts:
+            known |= set(re.findall(r'"(CGLOOP_[A-Z0-9_]+)"', source.read_text(errors="replace")))
+    return known
+
+
+def test_every_cgloop_setting_in_the_file_is_read_by_the_code(project: Project) -> None:
+    known = settings_the_code_reads()
+    assert {"CGLOOP_STATE_DIR", "CGLOOP_ONOS_URL", "CGLOOP_INT_LISTEN"} <= known  # the finder
+    unread = sorted(
+        f"{name}: {var}"
+        for name, svc in project["services"].items()
+        for var in svc.get("environment") or {}
+        if var.startswith("CGLOOP_") and var not in known
+    )
+    assert not unread, "set in docker-compose.yml but read by no component:\n" + "\n".join(unread)
+    # Variables of the file itself (${...}) are named otherwise, unless they carry a setting.
+    text = COMPOSE_FILE.read_text()
+    own = sorted({m for m in re.findall(r"\$\{(CGLOOP_\w+)", text) if m not in known})
+    assert not own, f"compose variables named like cgloop settings: {own}"
