@@ -64,6 +64,7 @@ from cgloop.v1.deadletter_pb2 import DeadLetter
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 from pydantic import BaseModel, Field
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -567,22 +568,37 @@ class Sink:
         del chunk.messages[index], chunk.payloads[index], chunk.versions[index]
 
     def _retrying(self, action: Callable[[], object], what: str, decode_ok: bool = True) -> int:
-        """Run `action` until it succeeds: the store being slow or away is not data loss."""
-        backoff = self.config.retry_backoff_s
-        while True:
+        """Run `action` until it succeeds: the store being slow or away is not data loss.
+        Between attempts the wait doubles from `retry_backoff_s` up to `retry_backoff_max_s`;
+        with `decode_ok=False` a batch the store cannot decode is raised, not retried."""
+
+        def attempt() -> object:
             try:
-                result = action()
-                return int(result) if isinstance(result, int) else 0
+                return action()
             except StoreWriteError as exc:
                 if not decode_ok and _is_decode_error(exc):
                     raise _Undecodable(str(exc)) from exc
-                error = exc
-            except Exception as exc:  # the store client raises per backend
-                error = exc  # type: ignore[assignment]
+                raise
+
+        def before_sleep(state: RetryCallState) -> None:
             self.metrics.store_errors.inc()
-            log.warning("store %s failed, retrying in %.1fs: %s", what, backoff, error)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, self.config.retry_backoff_max_s)
+            error = state.outcome.exception() if state.outcome else None
+            wait = state.next_action.sleep if state.next_action else 0.0
+            log.warning("store %s failed, retrying in %.1fs: %s", what, wait, error)
+
+        retrying = Retrying(
+            wait=wait_exponential(
+                multiplier=self.config.retry_backoff_s, max=self.config.retry_backoff_max_s
+            ),
+            # any error of the store client (it raises per backend), never KeyboardInterrupt
+            retry=retry_if_exception(
+                lambda e: isinstance(e, Exception) and not isinstance(e, _Undecodable)
+            ),
+            before_sleep=before_sleep,
+            sleep=time.sleep,
+        )
+        result = retrying(attempt)
+        return int(result) if isinstance(result, int) else 0
 
     def _dead_letter(self, msg: KafkaMessage, reason: str) -> None:
         self.metrics.dead_letters.labels(msg.topic()).inc()
