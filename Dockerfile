@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # One image for every cgloop service: the `cgloop` command (Python, uv workspace) plus the Rust
 # binaries of the Cargo workspace (probe, INT collector, node agent, ...). docker-compose.yml
-# picks the subcommand per service:  docker run --rm cgloop:dev --help
+# picks the subcommand per service (or a Rust program as the entrypoint: cgloop-node-agent):
+#   docker run --rm cgloop:dev --help
+#   docker run --rm cgloop:dev --check-config sink      (parse a service's command and settings)
 #
 # Stages: rust-build (cargo, BPF toolchain), then python-build (uv, protobuf bindings, and the
 # Rust toolchain taken from rust-build for the cgloop.arrowcodec extension); the runtime stage
@@ -67,7 +69,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
       --python_out=proto/python/src --pyi_out=proto/python/src --grpc_python_out=proto/python/src \
       proto/cgloop/v1/*.proto \
  && uv sync --frozen --all-packages --no-dev --no-editable \
- && /opt/cgloop/venv/bin/cgloop --help >/dev/null
+ && /opt/cgloop/venv/bin/cgloop --version
 
 # --------------------------------------------------------------------------- runtime ----------
 FROM ${PYTHON_IMAGE} AS runtime
