@@ -742,10 +742,14 @@ def test_the_certificates_are_where_agent_and_engine_read_them(
         assert tls_dir and mounted.get(tls_dir) == "cgloop-certs", (
             f"{name}: {flag} {tls_dir} is not where the cgloop-certs volume is mounted"
         )
-    # The engine dials NODE=HOST:PORT; the agent's certificate must carry HOST.
-    host = option(service(project, "policy-engine"), "--agent").split("=", 1)[1].rsplit(":", 1)[0]
+    # The engine checks the agent's certificate for one name, whatever address it dials.
+    import inspect
+
+    from cgloop.policy.actuators import NodeAgentActuator
+
+    checked = inspect.signature(NodeAgentActuator).parameters["server_name"].default
     names = option_values(service(project, "node-agent-certs"), "--server-name")
-    assert host in names, f"the agent's certificate names {names}, the engine dials {host}"
+    assert checked in names, f"the agent's certificate names {names}, the engine checks {checked}"
     agent_id = option(service(project, "node-agent"), "--node-id")
     engine_id = option(service(project, "policy-engine"), "--agent").split("=", 1)[0]
     assert agent_id == engine_id, f"agent node id {agent_id}, engine addresses {engine_id}"
