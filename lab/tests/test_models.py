@@ -275,8 +275,13 @@ def test_a_sender_starved_of_cpu_drops_its_stale_frames_instead_of_bursting_them
                 time.sleep(0.15)  # the thread loses the CPU mid-stream
             return len(data)
 
-    sock = StallingSocket()
     spec = StreamSpec(rate_kbps=800, fps=100, payload_max=1200, size_cv=0)  # 1 packet a frame
+    # a flood keeps its average rate: it sends what it missed
+    flood = StallingSocket()
+    Sender(flood, ("127.0.0.1", 9), spec.model_copy(update={"catch_up": True}), 0.5,  # type: ignore[arg-type]
+           threading.Event(), seed=1).run()
+    assert len(flood.sent_at) >= 45
+    sock = StallingSocket()
     sender = Sender(sock, ("127.0.0.1", 9), spec, 0.5, threading.Event(), seed=1)  # type: ignore[arg-type]
     sender.run()
     resumed = sock.sent_at[2] + 0.15

@@ -31,7 +31,8 @@ CE_ECHO = struct.Struct("!I")
 CE_ECHO_PT = 102
 RTP_CLOCK_HZ = 90_000
 # A frame more than this many periods late is dropped, not sent: an encoder paces its frames
-# and skips the stale ones (a game stream never replays the frames it missed). Without it, a
+# and skips the stale ones (a game stream never replays the frames it missed; floods, whose
+# spec says `catch_up`, keep their average rate instead). Without it, a
 # sender starved of CPU for a few hundred ms (the lab's own load: 2 cores, load 10-18) sent
 # every missed frame back to back, and that self-made burst of its own packets (138 ms of
 # queue, seen in the end-to-end test) was the only congestion the loop then saw.
@@ -114,7 +115,7 @@ class Sender(threading.Thread):
             if due > now:
                 self.stop.wait(due - now)
                 continue
-            if now - due > STALE_PERIODS * period:
+            if not spec.catch_up and now - due > STALE_PERIODS * period:
                 missed = int((now - start) / period) - frame
                 self.frames_skipped += missed
                 frame += missed

@@ -31,6 +31,10 @@ class StreamSpec(BaseModel):
     ce_echo: bool = False
     responsive: bool = False
     react_ms: float = Field(default=20.0, gt=0, le=10_000)
+    # A sender late by more than two frame periods (starved of CPU) drops the stale frames,
+    # as a pacing encoder does; a generator that must hold its average rate (a flood, the
+    # rate-paced L4S sender) sends them instead, back to back.
+    catch_up: bool = False
 
 
 class MediaProfile(BaseModel):
@@ -90,7 +94,7 @@ def l4s_sender(rate_mbit: float) -> MediaProfile:
         down=StreamSpec(
             rate_kbps=rate_mbit * 1000, fps=max(rate_mbit * 1e6 / 8 / payload / 4, 1.0),
             payload_max=payload, burst=False, size_cv=0.0, tos=0x01, payload_type=101,
-            responsive=True,
+            responsive=True, catch_up=True,
         ),
         up=StreamSpec(rate_kbps=64, fps=100, payload_max=80, size_cv=0.0, ce_echo=True,
                       payload_type=102),
@@ -110,4 +114,5 @@ def unresponsive_udp(rate_mbit: float, burst_packets: int, tos: int = 0) -> Stre
         size_cv=0.0,
         tos=tos,
         payload_type=100,
+        catch_up=True,
     )
