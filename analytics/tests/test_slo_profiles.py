@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 from cgloop.analytics.detectors.slo import PLATFORM_SLOS, SloDetector, platform_slos
 from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
 from cgloop.errors import CgloopError
 from cgloop.slo import GENERIC, LAB, table
+from cgloop.testing import cgloop_cmd
 from cgloop.v1.common_pb2 import FiveTuple
 
 
@@ -42,3 +46,13 @@ def test_a_deployment_profile_replaces_what_it_sets() -> None:
 def test_an_unknown_deployment_profile_is_refused_by_name() -> None:
     with pytest.raises(CgloopError, match=r"no SLO deployment profile 'nope' \(known: lab\)"):
         AnalyticsEngine(None, "", EngineConfig(slo_profile="nope"))
+
+
+def test_the_worker_refuses_an_unknown_profile_at_start_naming_the_option() -> None:
+    run = subprocess.run(
+        cgloop_cmd("analytics", "run", "--slo-profile", "nope", "--max-idle-s", "0"),
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "Invalid value for --slo-profile: 'nope' is not a deployment profile" in run.stderr
+    assert "known: lab" in run.stderr

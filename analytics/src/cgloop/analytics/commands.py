@@ -139,7 +139,14 @@ def register(app: typer.Typer) -> None:
         from cgloop.analytics.model import load
         from cgloop.analytics.worker import Worker
         from cgloop.config import settings
+        from cgloop.slo import table as slo_table
 
+        if slo_profile is not None and slo_profile not in slo_table().deployments:
+            raise typer.BadParameter(
+                f"{slo_profile!r} is not a deployment profile of the SLO table (cgloop.slo); "
+                f"known: {', '.join(sorted(slo_table().deployments))}",
+                param_hint="--slo-profile",
+            )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         path = model or default_model_path()
         clf, version = None, ""
