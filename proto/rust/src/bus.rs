@@ -160,7 +160,8 @@ pub fn producer_properties(
     props
 }
 
-fn json_string(s: &str) -> String {
+/// A JSON string literal (for the tables' JSON readings; the crate takes no JSON library).
+pub(crate) fn json_string(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {

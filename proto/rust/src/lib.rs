@@ -16,6 +16,7 @@ pub mod bus;
 pub mod catalogue;
 pub mod host;
 pub mod kafka_security;
+pub mod ops;
 pub mod samples;
 pub mod vectors;
 

@@ -4,6 +4,8 @@
 //!   cgloop-vectors reencode DIR OUT  decode each DIR/<name>.bin with its type, write OUT/<name>.bin
 //!   cgloop-vectors bus-table         print the bus table (proto/cgloop/v1/bus.proto) as Rust
 //!                                    reads it, as JSON (tests/test_bus_table.py)
+//!   cgloop-vectors ops-table         print the daemons' metrics ports (proto/cgloop/v1/ops.proto)
+//!                                    as Rust reads them, as JSON (tests/test_ops_table.py)
 //!   cgloop-vectors chain-catalogue   print the chain-function catalogue (node_agent.proto) as
 //!                                    Rust reads it, as JSON (tests/test_chain_catalogue.py)
 
@@ -14,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use cgloop_proto::vectors::{Vector, VECTORS};
 
 const USAGE: &str = "usage: cgloop-vectors emit DIR | cgloop-vectors reencode DIR OUT | \
-                     cgloop-vectors bus-table | cgloop-vectors chain-catalogue";
+                     cgloop-vectors bus-table | cgloop-vectors ops-table | \
+                     cgloop-vectors chain-catalogue";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -33,6 +36,10 @@ fn run(args: Vec<String>) -> Result<()> {
         ["reencode", dir, out] => reencode_all(Path::new(dir), Path::new(out)),
         ["bus-table"] => {
             println!("{}", cgloop_proto::bus::table_json());
+            Ok(())
+        }
+        ["ops-table"] => {
+            println!("{}", cgloop_proto::ops::table_json());
             Ok(())
         }
         ["chain-catalogue"] => {
