@@ -1105,6 +1105,15 @@ impl crate::nodes::Source for Agent {
     /// guard's reason (stale ticks, the change cap, a failed write …) and protected flows, the
     /// monitor's live sample age.
     fn queues(&self) -> (Vec<QueueSample>, Option<MicroLoopStatus>) {
+        let status = self.micro_loop_status();
+        (self.monitor.take_samples(), Some(status))
+    }
+}
+
+impl Agent {
+    /// The micro loop's status as node samples report it (see `nodes::Source::queues`),
+    /// without taking the queue samples.
+    pub fn micro_loop_status(&self) -> MicroLoopStatus {
         let monitor = self.monitor.status();
         let mut status = self.micro_loop().status();
         status.acting &= monitor.acting;
@@ -1112,7 +1121,12 @@ impl crate::nodes::Source for Agent {
             status.reason = monitor.reason;
         }
         status.queue_sample_age_ns = monitor.queue_sample_age_ns;
-        (self.monitor.take_samples(), Some(status))
+        status
+    }
+
+    /// Queue monitor ticks so far (the sampler's health on /metrics).
+    pub fn sampler_ticks(&self) -> u64 {
+        self.monitor.cost().1
     }
 }
 

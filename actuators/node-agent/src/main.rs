@@ -12,6 +12,8 @@ use cgloop_node_agent::config::Config;
 use cgloop_node_agent::power_glue::Power;
 use cgloop_node_agent::probes::Probes;
 use cgloop_node_agent::reflect::{ReflectOptions, Reflector};
+use cgloop_node_agent::metrics::{CountedSanctions, CountedView, Metrics};
+use cgloop_node_agent::queue_view::SanctionSource;
 use cgloop_node_agent::service::Service;
 use cgloop_node_agent::audit::{Audit, KafkaSink, Recorder};
 use cgloop_node_agent::{export, tls};
@@ -24,7 +26,12 @@ use tonic::transport::Server;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: cgloop_obs::LogArgs,
 }
+
+/// The agent's default metrics endpoint.
+const METRICS_ADDR: &str = "127.0.0.1:9461";
 
 #[derive(Subcommand)]
 enum Command {
@@ -51,6 +58,11 @@ enum Command {
         /// Kafka bootstrap servers for probe records (overrides the configuration).
         #[arg(long)]
         kafka: Option<String>,
+        /// Serve Prometheus metrics (GET /metrics, plain HTTP) on this host:port; an empty
+        /// value disables them. Loopback by default; a port in use is logged and the agent
+        /// runs without them.
+        #[arg(long, default_value = METRICS_ADDR)]
+        metrics_addr: cgloop_obs::MetricsAddr,
     },
     /// Generate lab certificates: a CA (reused if present), a server and a client certificate.
     Certs {
@@ -76,8 +88,9 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    cli.log.init();
+    match cli.command {
         Command::Certs { out, server_names, client_name } => {
             tls::generate(&out, &server_names, &client_name)?;
             println!("lab certificates written to {}", out.display());
@@ -90,7 +103,7 @@ fn main() -> Result<()> {
             println!("reflecting UDP probes on {}", reflector.local_addr()?);
             reflector.run(&AtomicBool::new(false)).with_context(|| format!("reflector on {listen}"))
         }
-        Command::Serve { config, listen, tls_dir, journal, node_id, dry_run, kafka } => {
+        Command::Serve { config, listen, tls_dir, journal, node_id, dry_run, kafka, metrics_addr } => {
             let mut config = match config {
                 Some(p) => Config::load(&p)?,
                 None => Config::default(),
@@ -105,13 +118,15 @@ fn main() -> Result<()> {
             if let Some(k) = kafka {
                 config.kafka_bootstrap = k;
             }
-            serve(config, listen, tls_dir)
+            serve(config, listen, tls_dir, metrics_addr)
         }
     }
 }
 
-fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
+fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_obs::MetricsAddr) -> Result<()> {
     let tls = tls::server_config(&tls_dir)?;
+    let metrics = Arc::new(Metrics::new());
+    cgloop_obs::serve_or_warn(metrics.registry(), metrics_addr);
     let power = Power::start(&config.power);
     let sink = if config.kafka_bootstrap.is_empty() {
         None
@@ -148,7 +163,10 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
         Some(sink) => {
             let interval = Duration::from_millis(guard.audit_interval_ms);
             // RFC 9957 sanctions: the datapath's, drained per interval (None: no LL class).
-            Some(Audit::start(recorder, Box::new(sink), guard.audit_queue, interval, agent.sanctions())?)
+            let sanctions = agent.sanctions().map(|inner| {
+                Arc::new(CountedSanctions { inner, metrics: metrics.clone() }) as Arc<dyn SanctionSource>
+            });
+            Some(Audit::start(recorder, Box::new(sink), guard.audit_queue, interval, sanctions)?)
         }
     };
     if let Some(a) = audit.clone() {
@@ -156,9 +174,11 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
     }
     // The latency guard, on the queue monitor's ticks (a monitor that cannot read its queues
     // says why, and the guard does not act).
-    let view = agent.queue_view();
+    let view = Arc::new(CountedView { inner: agent.queue_view(), metrics: metrics.clone() });
     let stop_guard = Arc::new(AtomicBool::new(false));
+    let moves = metrics.clone();
     let on_move = move |m: &_| {
+        moves.guard_move(m);
         if let Some(a) = &audit {
             a.guard_move(m)
         }
@@ -167,14 +187,38 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf) -> Result<()> {
     if let Some((bootstrap, topic, node_id, interval)) = samples {
         cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone())?;
     }
-    let result = run_server(agent.clone(), listen, tls);
+    watch_sampler(&agent, metrics.clone(), stop_guard.clone())?;
+    let result = run_server(agent.clone(), listen, tls, metrics);
     // Whatever ended the server (signal or error): what was acknowledged goes to the journal.
     stop_guard.store(true, std::sync::atomic::Ordering::Relaxed);
     agent.shutdown();
     result
 }
 
-fn run_server(agent: Arc<Agent>, listen: String, tls: tonic::transport::ServerTlsConfig) -> Result<()> {
+/// The queue sampler's health on /metrics, read twice a second.
+fn watch_sampler(agent: &Arc<Agent>, metrics: Arc<Metrics>, stop: Arc<AtomicBool>) -> Result<()> {
+    let agent = Arc::downgrade(agent);
+    std::thread::Builder::new()
+        .name("sampler-health".into())
+        .spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Some(agent) = agent.upgrade() else { return };
+                let status = agent.micro_loop_status();
+                metrics.observe_sampler(agent.sampler_ticks(), status.acting, status.queue_sample_age_ns);
+                drop(agent);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+        .context("starting the sampler-health thread")?;
+    Ok(())
+}
+
+fn run_server(
+    agent: Arc<Agent>,
+    listen: String,
+    tls: tonic::transport::ServerTlsConfig,
+    metrics: Arc<Metrics>,
+) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -189,9 +233,14 @@ fn run_server(agent: Arc<Agent>, listen: String, tls: tonic::transport::ServerTl
                 _ = term.recv() => {}
             }
         };
+        // grpc.health.v1: the whole server ("") and cgloop.v1.NodeAgentService, SERVING while
+        // the agent serves (behind the same mutual TLS).
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<NodeAgentServiceServer<Service>>().await;
         let server = Server::builder()
             .tls_config(tls)?
-            .add_service(NodeAgentServiceServer::new(Service::new(agent)));
+            .add_service(health_service)
+            .add_service(NodeAgentServiceServer::new(Service::with_metrics(agent, metrics)));
         if let Some(path) = listen.strip_prefix("unix:") {
             let _ = std::fs::remove_file(path);
             let listener = tokio::net::UnixListener::bind(path)

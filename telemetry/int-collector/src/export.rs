@@ -10,8 +10,11 @@ use cgloop_proto::v1::{int_record::Record, IntRecord, IntRecordBatch};
 use prost::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const BUCKETS: u64 = 64;
@@ -62,19 +65,47 @@ fn client_config(bootstrap: &str, security: &KafkaSecurity) -> ClientConfig {
     client
 }
 
+/// Counts the messages whose delivery failed (librdkafka gave up: their records are lost).
+#[derive(Clone, Default)]
+pub struct Delivery(Arc<AtomicU64>);
+
+impl Delivery {
+    pub fn errors(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl ClientContext for Delivery {}
+
+impl ProducerContext for Delivery {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+            // The first failure and then one in 1000: a lost broker must not flood the log.
+            if n == 1 || n % 1000 == 0 {
+                tracing::warn!(errors = n, "Kafka delivery failed: {e}");
+            }
+        }
+    }
+}
+
 pub struct KafkaSink {
-    producer: ThreadedProducer<DefaultProducerContext>,
+    producer: ThreadedProducer<Delivery>,
     topic: String,
+    pub delivery: Delivery,
 }
 
 impl KafkaSink {
     pub fn new(bootstrap: &str, topic: &str) -> Result<Self> {
         // CGLOOP_KAFKA_SECURITY_PROTOCOL & co., shared with every cgloop client.
         let security = KafkaSecurity::from_env().context("Kafka security settings")?;
-        let producer: ThreadedProducer<DefaultProducerContext> = client_config(bootstrap, &security)
-            .create()
+        let delivery = Delivery::default();
+        let producer: ThreadedProducer<Delivery> = client_config(bootstrap, &security)
+            .create_with_context(delivery.clone())
             .with_context(|| format!("creating Kafka producer for {bootstrap}"))?;
-        Ok(KafkaSink { producer, topic: topic.to_owned() })
+        Ok(KafkaSink { producer, topic: topic.to_owned(), delivery })
     }
 
     pub fn send(&self, records: Vec<IntRecord>) -> Result<()> {

@@ -8,5 +8,6 @@ pub mod state;
 pub mod bench;
 #[cfg(feature = "kafka")]
 pub mod export;
+pub mod metrics;
 pub mod recv;
 pub mod steer;

@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 use cgloop_int_collector::bench;
 use cgloop_int_collector::export::{default_topic, KafkaSink};
+use cgloop_int_collector::metrics::{self, Metrics};
 use cgloop_int_collector::gen::{Episode, GenConfig, Generator, Mode};
 use cgloop_int_collector::parse::inner::DEFAULT_INT_UDP_PORT;
 use cgloop_int_collector::parse::{Format, IntDetect};
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    log: cgloop_obs::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -81,7 +84,14 @@ struct RunArgs {
     /// Datagrams per recvmmsg(2) call (1..1024).
     #[arg(long, default_value_t = recv::DEFAULT_BATCH)]
     batch: usize,
+    /// Serve Prometheus metrics (GET /metrics) on this host:port; an empty value disables
+    /// them. Loopback by default; a port in use is logged and the collector runs without them.
+    #[arg(long, default_value = METRICS_ADDR)]
+    metrics_addr: cgloop_obs::MetricsAddr,
 }
+
+/// The collector's default metrics endpoint.
+const METRICS_ADDR: &str = "127.0.0.1:9460";
 
 #[derive(Args, Clone)]
 pub struct DetectArgs {
@@ -312,11 +322,10 @@ fn source_filter(a: &RunArgs) -> Result<SourceFilter> {
             a.listen
         );
     }
-    eprintln!(
-        "{}",
-        serde_json::json!({"event": "warning", "warning": format!(
-            "--allow-any-source: every datagram reaching {} is parsed as a report; anyone who can \
-             reach the port can create INT records", a.listen)})
+    tracing::warn!(
+        "--allow-any-source: every datagram reaching {} is parsed as a report; anyone who can \
+         reach the port can create INT records",
+        a.listen
     );
     Ok(SourceFilter::any())
 }
@@ -348,6 +357,8 @@ fn run(a: RunArgs) -> Result<()> {
     if a.steer == "flow" {
         steer::attach(&socks[0], workers as u32).context("--steer flow")?;
     }
+    // Handles on the same sockets, for their kernel drop counters.
+    let drop_socks = socks.iter().map(|s| s.try_clone()).collect::<std::io::Result<Vec<_>>>()?;
     for (w, sock) in socks.into_iter().enumerate() {
         let (detect, cfg, stats, stop, tx) = (detect.clone(), cfg, stats.clone(), stop.clone(), tx.clone());
         let (source, sources) = (format!("{}/w{w}", a.source_id), sources.clone());
@@ -360,7 +371,18 @@ fn run(a: RunArgs) -> Result<()> {
     drop(tx);
     let bound = listen;
     let allowed: Vec<String> = a.allow_sources.iter().map(|c| c.to_string()).collect();
-    eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "steer": a.steer, "kafka": a.kafka, "topic": a.topic, "allow_sources": if allowed.is_empty() { serde_json::json!("any") } else { allowed.into() }}));
+    let metrics = Metrics::new();
+    // The readiness line comes first (scripts wait for it); a metrics failure is logged after.
+    let (metrics_bound, no_metrics) = cgloop_obs::try_serve(metrics.registry(), a.metrics_addr);
+    eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "steer": a.steer, "kafka": a.kafka, "topic": a.topic, "allow_sources": if allowed.is_empty() { serde_json::json!("any") } else { allowed.into() }, "metrics": metrics_bound.map(|m| m.to_string())}));
+    if let Some(line) = no_metrics {
+        tracing::warn!("{line}");
+    }
+    let observe = |m: &Metrics| {
+        let drops = drop_socks.iter().filter_map(metrics::socket_drops).sum();
+        m.observe(&stats, sink.as_ref().map_or(0, |s| s.delivery.errors()), drops);
+    };
+    let mut last_observed = Instant::now();
     let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut exported = 0u64;
@@ -372,12 +394,17 @@ fn run(a: RunArgs) -> Result<()> {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(batch) => {
                 exported += batch.len() as u64;
+                metrics.exported.inc_by(batch.len() as u64);
                 if let Some(s) = &sink {
                     s.send(batch)?;
                 }
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+        }
+        if last_observed.elapsed() >= Duration::from_millis(200) {
+            last_observed = Instant::now();
+            observe(&metrics);
         }
         if a.stats_interval > 0.0 && last_stats.elapsed().as_secs_f64() >= a.stats_interval {
             last_stats = Instant::now();
@@ -442,7 +469,9 @@ fn gen(a: GenArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
+    let cli = Cli::parse();
+    cli.log.init();
+    match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Gen(a) => gen(a),
         Cmd::Bench(a) => bench::run(a),

@@ -263,14 +263,10 @@ impl Stats {
         {
             return;
         }
-        eprintln!(
-            "{}",
-            serde_json::json!({
-                "event": "refused_source",
-                "refused_source": self.refused_source.load(Ordering::Relaxed),
-                "last_source": last.map(|ip| ip.to_string()),
-                "why": "not in --allow-source; dropped unparsed",
-            })
+        tracing::warn!(
+            refused_source = self.refused_source.load(Ordering::Relaxed),
+            last_source = last.map(|ip| ip.to_string()),
+            "reports from sources not in --allow-source dropped unparsed"
         );
     }
 }

@@ -2,10 +2,8 @@
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::thread;
 
-use anyhow::{anyhow, Result};
-use prometheus_client::encoding::text::encode;
+use anyhow::Result;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -32,7 +30,7 @@ pub struct Metrics {
     pub kafka_delivered: Counter,
     /// Totals at the previous observation: BPF and Kafka report totals, counters take deltas.
     last: Mutex<([u64; STAT_NAMES.len()], u64, u64)>,
-    registry: Registry,
+    registry: Arc<Registry>,
 }
 
 impl Metrics {
@@ -52,9 +50,9 @@ impl Metrics {
             kafka_dropped: Counter::default(),
             kafka_delivered: Counter::default(),
             last: Mutex::new(([0; STAT_NAMES.len()], 0, 0)),
-            registry: Registry::with_prefix("cgloop_probe"),
+            registry: Arc::new(Registry::with_prefix("cgloop_probe")),
         };
-        let r = &mut m.registry;
+        let mut r = Registry::with_prefix("cgloop_probe");
         r.register("records", "Flow records exported", m.records.clone());
         r.register("sweeps", "Flow-table sweeps", m.sweeps.clone());
         r.register(
@@ -112,6 +110,7 @@ impl Metrics {
             "Records acknowledged by Kafka",
             m.kafka_delivered.clone(),
         );
+        m.registry = Arc::new(r);
         m
     }
 
@@ -150,31 +149,9 @@ impl Metrics {
         self.kafka_queue.set(queue);
     }
 
-    /// Serves the registry on `addr` from a background thread.
-    pub fn serve(self: &Arc<Self>, addr: SocketAddr) -> Result<SocketAddr> {
-        let server =
-            tiny_http::Server::http(addr).map_err(|e| anyhow!("metrics endpoint {addr}: {e}"))?;
-        let bound = server.server_addr().to_ip().unwrap_or(addr);
-        let me = Arc::clone(self);
-        thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || {
-                for request in server.incoming_requests() {
-                    let mut body = String::new();
-                    let response =
-                        if request.url() == "/metrics" && encode(&mut body, &me.registry).is_ok() {
-                            tiny_http::Response::from_string(body).with_header(
-                        "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"
-                            .parse::<tiny_http::Header>()
-                            .expect("static header"),
-                    )
-                        } else {
-                            tiny_http::Response::from_string("not found: try /metrics\n")
-                                .with_status_code(404)
-                        };
-                    let _ = request.respond(response);
-                }
-            })?;
-        Ok(bound)
+    /// Serves the registry on `addr` from a background thread (cgloop_obs: one endpoint for
+    /// every Rust daemon).
+    pub fn serve(&self, addr: SocketAddr) -> Result<SocketAddr> {
+        cgloop_obs::serve(Arc::clone(&self.registry), addr)
     }
 }
