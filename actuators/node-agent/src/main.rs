@@ -18,6 +18,7 @@ use cgloop_node_agent::service::Service;
 use cgloop_node_agent::audit::{Audit, KafkaSink, Recorder};
 use cgloop_node_agent::{export, tls};
 use cgloop_proto::v1::node_agent_service_server::NodeAgentServiceServer;
+use cgloop_proto::ops::Daemon;
 use clap::{Parser, Subcommand};
 use tonic::transport::Server;
 
@@ -29,9 +30,6 @@ struct Cli {
     #[command(flatten)]
     log: cgloop_obs::LogArgs,
 }
-
-/// The agent's default metrics endpoint.
-const METRICS_ADDR: &str = "127.0.0.1:9461";
 
 #[derive(Subcommand)]
 enum Command {
@@ -61,7 +59,7 @@ enum Command {
         /// Serve Prometheus metrics (GET /metrics, plain HTTP) on this host:port; an empty
         /// value disables them. Loopback by default; a port in use is logged and the agent
         /// runs without them.
-        #[arg(long, default_value = METRICS_ADDR)]
+        #[arg(long, default_value_t = cgloop_obs::MetricsAddr::default_for(Daemon::NodeAgent))]
         metrics_addr: cgloop_obs::MetricsAddr,
     },
     /// Generate lab certificates: a CA (reused if present), a server and a client certificate.

@@ -1,7 +1,9 @@
 //! The agent's Prometheus metrics (served by `cgloop_obs::serve`): gRPC requests, actions,
 //! the queue sampler's health and the micro loop's moves and sanctions.
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use cgloop_obs::TotalCounter;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -18,21 +20,14 @@ type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     pub requests: Family<Labels, Counter>,
     pub actions: Family<Labels, Counter>,
-    pub sampler_ticks: Counter,
+    pub sampler_ticks: TotalCounter,
     pub guard_stale_polls: Counter,
     pub last_tick_age: Gauge<f64, AtomicU64>,
     pub micro_loop_acting: Gauge,
     pub guard_moves: Family<Labels, Counter>,
     pub sanctioned_packets: Counter,
     pub sanctioned_flows: Counter,
-    last_ticks: Mutex<u64>,
     registry: Arc<Registry>,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl Metrics {
@@ -41,14 +36,13 @@ impl Metrics {
         let m = Self {
             requests: Family::default(),
             actions: Family::default(),
-            sampler_ticks: Counter::default(),
+            sampler_ticks: TotalCounter::default(),
             guard_stale_polls: Counter::default(),
             last_tick_age: Gauge::default(),
             micro_loop_acting: Gauge::default(),
             guard_moves: Family::default(),
             sanctioned_packets: Counter::default(),
             sanctioned_flows: Counter::default(),
-            last_ticks: Mutex::new(0),
             registry: Arc::new(Registry::default()),
         };
         r.register("grpc_requests", "gRPC requests, by method and status code", m.requests.clone());
@@ -118,9 +112,7 @@ impl Metrics {
 
     /// The sampler's tick total and the micro loop's status, as the agent reports them.
     pub fn observe_sampler(&self, ticks: u64, acting: bool, last_tick_age_ns: u64) {
-        let mut last = self.last_ticks.lock().unwrap_or_else(|e| e.into_inner());
-        self.sampler_ticks.inc_by(ticks.saturating_sub(*last));
-        *last = (*last).max(ticks);
+        self.sampler_ticks.observe(ticks);
         self.micro_loop_acting.set(i64::from(acting));
         self.last_tick_age.set(last_tick_age_ns as f64 / 1e9);
     }

@@ -95,3 +95,13 @@ async fn health_and_metrics_of_a_serving_agent() {
     assert!(body.contains("cgloop_node_agent_guard_moves_total{kind=\"promote\"} 0"), "{body}");
     assert!(body.contains("cgloop_node_agent_micro_loop_acting"), "{body}");
 }
+
+/// The default endpoint is the one proto/cgloop/v1/ops.proto declares for the agent.
+#[test]
+fn the_default_metrics_endpoint_is_the_declared_one() {
+    let want = cgloop_proto::ops::default_metrics_addr(cgloop_proto::ops::Daemon::NodeAgent);
+    let out = Command::new(BIN).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains(&format!("[default: {want}]")), "{help}");
+    assert!(help.contains("CGLOOP_LOG_FORMAT"), "{help}");
+}

@@ -11,6 +11,7 @@ use cgloop_int_collector::parse::{Format, IntDetect};
 use cgloop_int_collector::recv::{self, Cidr, SourceFilter, Stats};
 use cgloop_int_collector::steer;
 use cgloop_int_collector::state::EventConfig;
+use cgloop_proto::ops::Daemon;
 use clap::{Args, Parser, Subcommand};
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,12 +87,9 @@ struct RunArgs {
     batch: usize,
     /// Serve Prometheus metrics (GET /metrics) on this host:port; an empty value disables
     /// them. Loopback by default; a port in use is logged and the collector runs without them.
-    #[arg(long, default_value = METRICS_ADDR)]
+    #[arg(long, default_value_t = cgloop_obs::MetricsAddr::default_for(Daemon::IntCollector))]
     metrics_addr: cgloop_obs::MetricsAddr,
 }
-
-/// The collector's default metrics endpoint.
-const METRICS_ADDR: &str = "127.0.0.1:9460";
 
 #[derive(Args, Clone)]
 pub struct DetectArgs {

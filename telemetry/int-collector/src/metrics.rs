@@ -1,12 +1,12 @@
 //! The collector's Prometheus metrics (served by `cgloop_obs::serve`): the workers' [`Stats`]
 //! folded into counters, plus what only the main thread sees (records exported, Kafka delivery
 //! errors, datagrams the kernel dropped on full socket buffers).
-use std::collections::HashMap;
 use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use cgloop_obs::TotalCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -15,30 +15,17 @@ use crate::recv::Stats;
 
 type Labels = Vec<(String, String)>;
 
+/// The workers, the producer and the kernel count totals: the counters follow them.
 pub struct Metrics {
-    pub datagrams: Counter,
-    pub reports: Counter,
-    pub refused: Family<Labels, Counter>,
-    pub records: Counter,
-    pub flows: Counter,
+    pub datagrams: TotalCounter,
+    pub reports: TotalCounter,
+    pub refused: Family<Labels, TotalCounter>,
+    pub records: TotalCounter,
+    pub flows: TotalCounter,
     pub exported: Counter,
-    pub kafka_delivery_errors: Counter,
-    pub socket_drops: Counter,
-    /// Totals at the previous observation (the sources count totals; counters take deltas).
-    last: Mutex<Last>,
+    pub kafka_delivery_errors: TotalCounter,
+    pub socket_drops: TotalCounter,
     registry: Arc<Registry>,
-}
-
-#[derive(Default)]
-struct Last {
-    datagrams: u64,
-    reports: u64,
-    records: u64,
-    flows: u64,
-    refused_source: u64,
-    by_reason: HashMap<String, u64>,
-    kafka_errors: u64,
-    socket_drops: u64,
 }
 
 /// Kernel drops of a socket (SO_MEMINFO's SK_MEMINFO_DROPS: datagrams lost on a full receive
@@ -53,25 +40,18 @@ pub fn socket_drops(sock: &UdpSocket) -> Option<u64> {
     (rc == 0 && len as usize >= std::mem::size_of_val(&info)).then(|| u64::from(info[libc::SK_MEMINFO_DROPS as usize]))
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("cgloop_int_collector");
         let m = Self {
-            datagrams: Counter::default(),
-            reports: Counter::default(),
+            datagrams: TotalCounter::default(),
+            reports: TotalCounter::default(),
             refused: Family::default(),
-            records: Counter::default(),
-            flows: Counter::default(),
+            records: TotalCounter::default(),
+            flows: TotalCounter::default(),
             exported: Counter::default(),
-            kafka_delivery_errors: Counter::default(),
-            socket_drops: Counter::default(),
-            last: Mutex::new(Last::default()),
+            kafka_delivery_errors: TotalCounter::default(),
+            socket_drops: TotalCounter::default(),
             registry: Arc::new(Registry::default()),
         };
         r.register("datagrams_received", "Report datagrams received (all sources)", m.datagrams.clone());
@@ -97,24 +77,18 @@ impl Metrics {
     /// Folds the workers' totals, the producer's delivery errors and the sockets' kernel drops
     /// (all totals) into the counters.
     pub fn observe(&self, stats: &Stats, kafka_errors: u64, socket_drops: u64) {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let refused_source = stats.refused_source.load(Ordering::Relaxed);
-        let datagrams = stats.packets.load(Ordering::Relaxed) + refused_source;
-        let delta = |now: u64, was: &mut u64, c: &Counter| {
-            c.inc_by(now.saturating_sub(*was));
-            *was = (*was).max(now);
-        };
-        delta(datagrams, &mut last.datagrams, &self.datagrams);
-        delta(stats.reports.load(Ordering::Relaxed), &mut last.reports, &self.reports);
-        delta(stats.records.load(Ordering::Relaxed), &mut last.records, &self.records);
-        delta(stats.flows.load(Ordering::Relaxed), &mut last.flows, &self.flows);
-        delta(kafka_errors, &mut last.kafka_errors, &self.kafka_delivery_errors);
-        delta(socket_drops, &mut last.socket_drops, &self.socket_drops);
-        let refused = |reason: &str| self.refused.get_or_create(&vec![("reason".into(), reason.into())]);
-        delta(refused_source, &mut last.refused_source, &refused("refused_source"));
+        self.datagrams.observe(stats.packets.load(Ordering::Relaxed) + refused_source);
+        self.reports.observe(stats.reports.load(Ordering::Relaxed));
+        self.records.observe(stats.records.load(Ordering::Relaxed));
+        self.flows.observe(stats.flows.load(Ordering::Relaxed));
+        self.kafka_delivery_errors.observe(kafka_errors);
+        self.socket_drops.observe(socket_drops);
+        let refused = |reason: &str| self.refused.get_or_create(&vec![("reason".into(), reason.into())]).clone();
+        refused("refused_source").observe(refused_source);
         let by_reason = stats.by_reason.lock().map(|m| m.clone()).unwrap_or_default();
         for (reason, n) in by_reason {
-            delta(n, last.by_reason.entry(reason.clone()).or_default(), &refused(&reason));
+            refused(&reason).observe(n);
         }
     }
 }

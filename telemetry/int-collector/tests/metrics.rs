@@ -85,3 +85,13 @@ fn a_metrics_port_in_use_is_logged_and_the_collector_runs() {
     assert!(out.status.success() && !stderr.contains("WARN"), "{stderr}");
     assert!(stderr.contains("\"metrics\":null"), "{stderr}");
 }
+
+/// The default endpoint is the one proto/cgloop/v1/ops.proto declares for the collector.
+#[test]
+fn the_default_endpoint_is_the_declared_one() {
+    let want = cgloop_proto::ops::default_metrics_addr(cgloop_proto::ops::Daemon::IntCollector);
+    let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains(&format!("[default: {want}]")), "{help}");
+    assert!(help.contains("CGLOOP_LOG_FORMAT"), "{help}");
+}

@@ -3,12 +3,16 @@
 //! and one log set-up ([`LogArgs`]: `RUST_LOG` filters, `CGLOOP_LOG_FORMAT=text|json` as the
 //! Python daemons read it).
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
 use anyhow::{anyhow, Result};
 pub use prometheus_client;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 /// Serves `registry` on `addr` (`GET /metrics`) from a background thread; returns the bound
@@ -69,6 +73,23 @@ pub fn try_serve(registry: Arc<Registry>, addr: MetricsAddr) -> (Option<SocketAd
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetricsAddr(pub Option<SocketAddr>);
 
+impl MetricsAddr {
+    /// A daemon's default endpoint: 127.0.0.1 and the port proto/cgloop/v1/ops.proto declares.
+    pub fn default_for(daemon: cgloop_proto::ops::Daemon) -> Self {
+        Self(Some(cgloop_proto::ops::default_metrics_addr(daemon)))
+    }
+}
+
+/// Prints as it parses: host:port, or empty when disabled.
+impl std::fmt::Display for MetricsAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => Ok(()),
+        }
+    }
+}
+
 impl std::str::FromStr for MetricsAddr {
     type Err = String;
 
@@ -83,9 +104,38 @@ impl std::str::FromStr for MetricsAddr {
     }
 }
 
-/// The address a daemon serves metrics on unless told otherwise: loopback, its declared port.
-pub fn loopback(port: u16) -> String {
-    format!("127.0.0.1:{port}")
+/// A counter fed with a running total kept elsewhere (worker or kernel counters): each
+/// [`TotalCounter::observe`] adds the growth since the previous one, so a total seen twice
+/// counts once.
+#[derive(Clone, Debug, Default)]
+pub struct TotalCounter {
+    counter: Counter,
+    last: Arc<AtomicU64>,
+}
+
+impl TotalCounter {
+    pub fn observe(&self, total: u64) {
+        let prev = self.last.fetch_max(total, Ordering::Relaxed);
+        self.counter.inc_by(total.saturating_sub(prev));
+    }
+
+    pub fn get(&self) -> u64 {
+        self.counter.get()
+    }
+}
+
+impl TypedMetric for TotalCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for TotalCounter {
+    fn encode(&self, encoder: MetricEncoder) -> std::fmt::Result {
+        self.counter.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -140,7 +190,6 @@ impl LogArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus_client::metrics::counter::Counter;
     use std::io::{Read, Write};
 
     fn get(addr: SocketAddr, path: &str) -> String {
@@ -169,10 +218,23 @@ mod tests {
     }
 
     #[test]
+    fn a_total_seen_twice_counts_once() {
+        let c = TotalCounter::default();
+        c.observe(5);
+        c.observe(5);
+        c.observe(7);
+        c.observe(6); // an older reading never takes back
+        assert_eq!(c.get(), 7);
+    }
+
+    #[test]
     fn an_empty_address_disables_and_a_bad_one_is_named() {
         let parse = |s: &str| s.parse::<MetricsAddr>().map(|a| a.0);
         assert_eq!(parse(""), Ok(None));
         assert_eq!(parse("127.0.0.1:9460"), Ok(Some("127.0.0.1:9460".parse().unwrap())));
+        let collector = MetricsAddr::default_for(cgloop_proto::ops::Daemon::IntCollector);
+        assert!(collector.0.unwrap().ip().is_loopback(), "{collector}");
+        assert_eq!(MetricsAddr(None).to_string().parse::<MetricsAddr>().unwrap().0, None);
         let e = parse("localhost").unwrap_err();
         assert!(e.contains("\"localhost\"") && e.contains("host:port"), "{e}");
     }
