@@ -18,8 +18,17 @@ from cgloop.bus.codec import _records
 from cgloop.bus.kafka import BatchProducer
 from cgloop.config import Settings
 from cgloop.contracts.samples import SAMPLE_FOR_TOPIC, SAMPLES
-from cgloop.dashboards.build import OPTIONAL_PANELS, PROVISIONED, render
-from cgloop.dashboards.check import check_dashboards, load
+from cgloop.dashboards.alerts import RULES_FILE
+from cgloop.dashboards.build import FLOW_KEY, OPTIONAL_PANELS, PROVISIONED, flow_match, render
+from cgloop.dashboards.check import (
+    Store,
+    TimeRange,
+    check_dashboards,
+    check_rules,
+    expand_macros,
+    load,
+    load_rules,
+)
 from cgloop.testing import ROOT, cgloop_cmd, free_port, wait_for_store
 from cgloop.v1.probe_pb2 import ProbeRecord
 
@@ -186,3 +195,51 @@ def test_broken_queries_and_macros_are_named(store_url: str, tmp_path: Path) -> 
     macro = by_panel["End-to-end latency percentiles (INT)"].message
     assert "unknown macro $__timeFilterr" in macro
     assert "expects 1 argument(s), got 0" in by_panel["Loop actions"].message
+
+
+def test_every_alert_rule_runs_and_has_the_alerting_shape(store_url: str) -> None:
+    assert [str(p) for p in check_rules(store_url, TO_NS)] == []
+    # the rules that have something to say over the demo say it (node sample: 15:06:40)
+    store = Store(store_url)
+    try:
+        for uid in ("cgloop-slo-breach", "cgloop-node-agent-silent", "cgloop-action-failed"):
+            (rule,) = [r for g in load_rules()["groups"] for r in g["rules"] if r["uid"] == uid]
+            query = rule["data"][0]
+            rng = TimeRange(TO_NS - query["relativeTimeRange"]["from"] * 10**9, TO_NS)
+            assert store.rows(expand_macros(query["model"]["rawSql"], rng, 1000)), uid
+    finally:
+        store.close()
+
+
+def test_a_rule_of_the_wrong_shape_or_sql_is_named(store_url: str, tmp_path: Path) -> None:
+    (tmp_path / RULES_FILE).parent.mkdir()
+    doc = load_rules()
+    rules = {r["uid"]: r for g in doc["groups"] for r in g["rules"]}
+    dead = rules["cgloop-dead-letters"]["data"][0]["model"]
+    dead["rawSql"] = dead["rawSql"].replace("count() AS dead_letters", "count() AS n, 1 AS m")
+    silent = rules["cgloop-node-agent-silent"]["data"][0]["model"]
+    silent["rawSql"] = silent["rawSql"].replace("max(time)", "max(tme)")
+    (tmp_path / RULES_FILE).write_text(json.dumps(doc))
+    got = {(p.uid, p.kind) for p in check_rules(store_url, TO_NS, tmp_path)}
+    assert got == {("cgloop-dead-letters", "shape"), ("cgloop-node-agent-silent", "error")}
+
+
+def test_the_flow_filter_reads_the_flow_tables_by_their_primary_key(store_url: str) -> None:
+    store = Store(store_url)
+    try:
+        (key,) = store.rows(f"SELECT {FLOW_KEY} AS f FROM cgloop.flow_stats_1s LIMIT 1")[0]
+        for table in ("flow_stats_1s", "flow_minutes_closed"):
+            plan = "\n".join(
+                r[0]
+                for r in store.rows(
+                    f"EXPLAIN indexes = 1 SELECT count() FROM cgloop.{table}"
+                    f" WHERE {flow_match(repr(key))}"
+                )
+            )
+            primary = plan.split("PrimaryKey", 1)[1].split("Ranges", 1)[0]
+            assert "Condition: true" not in primary and "src_addr in" in primary, plan
+        assert store.rows(
+            f"SELECT count() FROM cgloop.flow_stats_1s WHERE {flow_match(repr(key))}"
+        ) != [[0]]
+    finally:
+        store.close()

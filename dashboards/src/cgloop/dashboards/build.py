@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from cgloop.dashboards import slo
-from cgloop.dashboards.clickhouse import Query, datasource_ref
+from cgloop.dashboards import alerts, slo
+from cgloop.dashboards.clickhouse import AnnotationSql, Query, datasource_ref
 from cgloop.dashboards.micro_loop import (
     LEVEL,
     actions_per_level,
@@ -32,10 +32,13 @@ from cgloop.dashboards.panels import (
     stat_panel,
     table_panel,
 )
+from cgloop.slo import GENERIC
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import trend
+from grafana_foundation_sdk.builders import timeseries, trend
+from grafana_foundation_sdk.builders.common import GraphThresholdsStyleConfig
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.common import GraphTresholdsStyleMode
 
 #: Where `cgloop dashboards build` writes, and what docker-compose.yml mounts into Grafana.
 PROVISIONED = Path(__file__).resolve().parents[3] / "provisioned"
@@ -46,6 +49,95 @@ FLOW_KEY = (
     " IPv6NumToString(dst_addr), ':', toString(dst_port), ' / ', toString(ip_protocol))"
 )
 GAMING = "'DETECTION_KIND_GAMING_FLOW_CLASSIFIED'"
+
+
+def _flow_part(expr: str, end: int) -> str:
+    """Source (1) or destination (2) `addr:port` of a FLOW_KEY string."""
+    return f"splitByString(' > ', splitByString(' / ', {expr})[1])[{end}]"
+
+
+def flow_match(flow: str = "'${flow}'") -> str:
+    """A flow's rows by the flow tables' sort key: flow_stats_1s and flow_minutes_closed are
+    ORDER BY (src_addr, dst_addr, src_port, dst_port, ip_protocol, ...) and int_flow_records
+    after source_id, so each key column is compared with a constant parsed from the FLOW_KEY
+    string (ClickHouse folds it before the index analysis) instead of rebuilding the string from
+    every row, which no index can serve. An unparsable value matches nothing."""
+    addr = "toIPv6OrDefault(replaceRegexpOne({}, ':[0-9]+$', ''))"
+    port = "toUInt16OrZero(extract({}, ':([0-9]+)$'))"
+    src, dst = _flow_part(flow, 1), _flow_part(flow, 2)
+    return (
+        f"src_addr = {addr.format(src)} AND dst_addr = {addr.format(dst)}"
+        f" AND src_port = {port.format(src)} AND dst_port = {port.format(dst)}"
+        f" AND ip_protocol = toUInt8OrZero(splitByString(' / ', {flow})[2])"
+    )
+
+
+#: The loop's actions as they change the network: applied, verified, rolled back.
+ACTION_EVENTS = ("ACTION_STATE_APPLIED", "ACTION_STATE_VERIFIED", "ACTION_STATE_ROLLED_BACK")
+ACTION_ANNOTATIONS = (
+    "SELECT r.time AS time, concat(replaceOne(a.operation, 'ACTION_OPERATION_', ''), ': ',"
+    " replaceOne(r.state, 'ACTION_STATE_', ''),"
+    " if(r.verdict != 'VERDICT_UNSPECIFIED', concat(' (', replaceOne(r.verdict, 'VERDICT_', ''),"
+    " ')'), ''), if(r.message != '', concat(': ', r.message), '')) AS text,"
+    " [replaceOne(r.state, 'ACTION_STATE_', ''), a.policy_id] AS tags"
+    " FROM cgloop.action_results AS r FINAL"
+    " LEFT JOIN (SELECT id, any(operation) AS operation, any(policy_id) AS policy_id"
+    " FROM cgloop.actions WHERE id IN (SELECT action_id FROM cgloop.action_results WHERE"
+    " $__timeFilter(time)) GROUP BY id) AS a ON a.id = r.action_id"
+    " WHERE $__timeFilter(r.time) AND r.state IN ("
+    + ", ".join(f"'{s}'" for s in ACTION_EVENTS)
+    + ") ORDER BY time"
+)
+
+
+def action_annotations(panel_ids: list[int]) -> db.AnnotationQuery:
+    """The loop's actions on the given panels (Grafana draws a dashboard's annotations on every
+    time series panel unless filtered)."""
+    return (
+        db.AnnotationQuery()
+        .name("loop actions")
+        .datasource(datasource_ref())
+        .enable(True)
+        .icon_color("purple")
+        .filter(db.AnnotationPanelFilter().ids(panel_ids))
+        .target(AnnotationSql(ACTION_ANNOTATIONS))  # type: ignore[arg-type]
+    )
+
+
+def platform_thresholds(panel: timeseries.Panel) -> timeseries.Panel:
+    """Each flow's series gets its platform's latency objective (the SLO table's) as a dashed
+    threshold line: series are named `<platform> <server>:<port>`; flows of a platform without
+    a profile keep the defaults, generic's objective."""
+
+    def steps(ms: float) -> list[dm.Threshold]:
+        return [dm.Threshold(value=None, color="green"), dm.Threshold(value=ms, color="red")]
+
+    objectives = dict(slo.thresholds())
+    panel.thresholds(
+        db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps(objectives[GENERIC]))
+    ).thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.DASHED))
+    for name, ms in objectives.items():
+        if name != GENERIC:
+            panel.with_override(
+                dm.MatcherConfig(id_val="byRegexp", options=f"^(p99_ms )?{name} "),
+                [dm.DynamicConfigValue(id_val="thresholds", value=dm.ThresholdsConfig(
+                    mode=dm.ThresholdsMode.ABSOLUTE, steps=steps(ms)))],
+            )  # fmt: skip
+    return panel
+
+
+def slo_series(panel: timeseries.Panel) -> timeseries.Panel:
+    """The query's `slo_ms` column drawn as the objective: a red dashed line named SLO."""
+    return panel.with_override(
+        dm.MatcherConfig(id_val="byName", options="slo_ms"),
+        [
+            dm.DynamicConfigValue(id_val="displayName", value="SLO"),
+            dm.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "red"}),
+            dm.DynamicConfigValue(
+                id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}
+            ),
+        ],
+    )
 
 
 def noc_overview() -> db.Dashboard:
@@ -107,6 +199,7 @@ def noc_overview() -> db.Dashboard:
                 "Gaming flows and SLO status",
                 "SELECT platform, IPv6NumToString(src_addr) AS server, src_port,"
                 " IPv6NumToString(dst_addr) AS client, dst_port,"
+                f" {FLOW_KEY} AS flow,"
                 " sum(packets) AS received_packets,"
                 " round(max(p99_latency_ns) / 1e6, 2) AS worst_p99_latency_ms,"
                 " round(max(p99_jitter_ns) / 1e6, 2) AS worst_p99_jitter_ms,"
@@ -115,28 +208,31 @@ def noc_overview() -> db.Dashboard:
                 " " + slo.latency_ms_sql() + " AS slo_ms,"
                 " if(worst_p99_latency_ms > slo_ms, 'OVER SLO', 'ok') AS slo"
                 " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
-                " GROUP BY platform, src_addr, src_port, dst_addr, dst_port"
+                " GROUP BY platform, src_addr, src_port, dst_addr, dst_port, ip_protocol"
                 " ORDER BY worst_p99_latency_ms DESC",
-            ),
+            ).data_links([flow_link()]),
             24,
             8,
         )
     )
     d.with_panel(
         lay.place(
-            series(
-                "Gaming flows: p99 latency per minute",
-                "SELECT minute AS time,"
-                " concat(platform, ' ', IPv6NumToString(src_addr), ':', toString(src_port))"
-                " AS flow, p99_latency_ns / 1e6 AS p99_ms"
-                " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
-                " ORDER BY time",
-                "ms",
+            platform_thresholds(
+                series(
+                    "Gaming flows: p99 latency per minute",
+                    "SELECT minute AS time,"
+                    " concat(platform, ' ', IPv6NumToString(src_addr), ':', toString(src_port))"
+                    " AS flow, p99_latency_ns / 1e6 AS p99_ms"
+                    " FROM cgloop.gaming_flow_minutes WHERE $__timeFilter(minute)"
+                    " ORDER BY time",
+                    "ms",
+                )
             ),
             12,
             8,
         )
     )
+    latency_panel = lay.next_id - 1
     d.with_panel(
         lay.place(
             series(
@@ -187,13 +283,26 @@ def noc_overview() -> db.Dashboard:
         )
     )
     d.with_panel(lay.place(actions_per_level("Actions per level and operation"), 24, 8))
+    d.annotation(action_annotations([latency_panel]))
     return d
 
 
+FLOW_DASHBOARD = "cgloop-flow"
+
+
+def flow_link() -> db.DashboardLink:
+    """A row of the overview's flow table to that flow's detail, with the same SLO choice and
+    time range (`flow` is the row's FLOW_KEY column)."""
+    return db.DashboardLink("Flow detail").url(
+        f"/d/{FLOW_DASHBOARD}?var-flow=${{__data.fields.flow:percentencode}}"
+        f"&var-{slo.VARIABLE}=${{{slo.VARIABLE}}}&${{__url_time_range}}"
+    )
+
+
 def flow_detail() -> db.Dashboard:
-    uid = "cgloop-flow"
+    uid = FLOW_DASHBOARD
     lay = Layout(uid)
-    where = "$__timeFilter({t}) AND " + FLOW_KEY + " = '${flow}'"
+    where = "$__timeFilter({t}) AND " + flow_match()
     # Gaming flows first, worst first, so the default selection is the flow a NOC wants.
     flows = (
         db.QueryVariable("flow")
@@ -215,10 +324,11 @@ def flow_detail() -> db.Dashboard:
         )
         .with_variable(flows)
         .with_variable(custom_variable("worst_n", "worst N events", ["20", "10", "50", "100"]))
+        .with_variable(slo.variable())
     )
     pct = (
         "SELECT time, q[1] / 1e6 AS p50, q[2] / 1e6 AS p90, q[3] / 1e6 AS p99,"
-        " q[4] / 1e6 AS p999 FROM ("
+        " q[4] / 1e6 AS p999{slo} FROM ("
         " SELECT $__timeInterval(window) AS time, {q} AS q"
         " FROM cgloop.flow_stats_1s WHERE " + where.replace("{t}", "window") + " GROUP BY time)"
         " WHERE NOT isNaN(q[1]) ORDER BY time"
@@ -232,16 +342,34 @@ def flow_detail() -> db.Dashboard:
         " quantilesExactIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_exact_ns)), arrayMap(x ->"
         " toFloat64(x), quantilesTDigestIfMerge(0.5, 0.9, 0.99, 0.999)(jitter_ns)))"
     )
+    # The flow's latency objective as a series (a threshold cannot follow the flow's platform
+    # nor the `slo` variable): the platform is the flow's own, from flow_minutes.
+    flow_platform = (
+        "(SELECT any(platform) FROM cgloop.flow_minutes"
+        " WHERE " + where.replace("{t}", "minute") + ")"
+    )
+    objective = ", " + slo.latency_ms_sql(flow_platform) + " AS slo_ms"
     d.with_panel(
         lay.place(
-            series("End-to-end latency percentiles (INT)", pct.replace("{q}", latency_q), "ms"),
+            slo_series(
+                series(
+                    "End-to-end latency percentiles (INT)",
+                    pct.replace("{q}", latency_q).replace("{slo}", objective),
+                    "ms",
+                )
+            ),
             12,
             9,
         )
     )
+    latency_panels = [lay.next_id - 1]
     d.with_panel(
         lay.place(
-            series("RTP jitter percentiles", pct.replace("{q}", jitter_q), "ms"),
+            series(
+                "RTP jitter percentiles",
+                pct.replace("{q}", jitter_q).replace("{slo}", ""),
+                "ms",
+            ),
             12,
             9,
         )
@@ -280,6 +408,7 @@ def flow_detail() -> db.Dashboard:
             9,
         )
     )
+    latency_panels.append(lay.next_id - 1)
     d.with_panel(
         lay.place(
             series(
@@ -308,6 +437,7 @@ def flow_detail() -> db.Dashboard:
             8,
         )
     )
+    d.annotation(action_annotations(latency_panels))
     return d
 
 
@@ -642,11 +772,17 @@ def render() -> dict[str, str]:
     return out
 
 
+def render_all() -> dict[str, str]:
+    """Everything `cgloop dashboards build` writes: the dashboards and the alert rules."""
+    return {**render(), alerts.RULES_FILE: alerts.render()}
+
+
 def write(folder: Path = PROVISIONED) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render().items():
+    for name, text in render_all().items():
         path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
     return written

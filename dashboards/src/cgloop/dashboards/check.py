@@ -21,6 +21,14 @@ The query interval is Grafana's: (to - from) / max data points (the panel's `max
 
 A panel is a problem when a query fails, when a macro or variable cannot be expanded, or when it
 returns no rows, unless its (dashboard uid, title) is in `allow_empty` (build.OPTIONAL_PANELS).
+A dashboard's annotation queries run too and must return `time` and `text` columns (no rows is
+fine: the loop may not have acted).
+
+`check_rules` does the same for the provisioned alert rules (alerts.py): each ClickHouse query
+runs over its rule's relativeTimeRange ending at the given time, with the plugin's macros and no
+dashboard variables (a rule has none), and must have the shape Grafana's alerting reads from an
+SQL data source: exactly one numeric column (the value) and otherwise string columns (labels).
+Rules against other data sources (Prometheus) are checked for a query and the uid alerts.py names.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import Any, Literal
 
 import httpx
 from cgloop.dashboards.build import OPTIONAL_PANELS, PROVISIONED, render
+from cgloop.dashboards.clickhouse import DATASOURCE_UID
 from pydantic import BaseModel
 
 DEFAULT_MAX_DATA_POINTS = 1000
@@ -47,7 +56,7 @@ class Problem(BaseModel):
     dashboard: str  # title
     uid: str
     panel: str  # panel title, or `variable NAME`
-    kind: Literal["error", "empty", "macro", "variable"]
+    kind: Literal["error", "empty", "macro", "variable", "shape"]
     message: str
     sql: str = ""
 
@@ -322,12 +331,17 @@ class Store:
         self.url, self.client = url, httpx.Client(timeout=timeout_s)
 
     def rows(self, sql: str) -> list[list[Any]]:
+        return self.result(sql)[1]
+
+    def result(self, sql: str) -> tuple[list[tuple[str, str]], list[list[Any]]]:
+        """((column name, ClickHouse type) of each column, rows)."""
         reply = self.client.post(
             self.url, params={"default_format": "JSONCompact"}, content=sql.encode()
         )
         if reply.status_code != 200:
             raise RuntimeError(reply.text.strip()[:2000])
-        return json.loads(reply.text)["data"]
+        body = json.loads(reply.text)
+        return [(c["name"], c["type"]) for c in body["meta"]], body["data"]
 
     def close(self) -> None:
         self.client.close()
@@ -439,7 +453,147 @@ def check_model(
                 continue
             if not rows and (model["uid"], panel.get("title", "")) not in allow_empty:
                 report("empty", f"query {target.get('refId', '')} returned no rows", sql)
+    problems.extend(_check_annotations(model, variables, store, rng))
     return problems
+
+
+ANNOTATION_COLUMNS = {"time", "text"}
+
+
+def _check_annotations(
+    model: dict[str, Any], variables: dict[str, Variable], store: Store, rng: TimeRange
+) -> list[Problem]:
+    problems: list[Problem] = []
+    step = interval_ms(rng)
+    for ann in (model.get("annotations") or {}).get("list", []):
+        raw = (ann.get("target") or {}).get("rawSql")
+        if raw is None:
+            continue  # Grafana's own annotations (no query of ours)
+
+        def report(kind: str, message: str, sql: str, name: str = ann.get("name", "")) -> None:
+            problems.append(
+                Problem(
+                    dashboard=model["title"],
+                    uid=model["uid"],
+                    panel=f"annotation {name}",
+                    kind=kind,  # type: ignore[arg-type]
+                    message=message,
+                    sql=sql,
+                )
+            )
+
+        try:
+            sql = expand_macros(interpolate(raw, variables, rng, step), rng, step)
+        except ExpansionError as exc:
+            report("macro", str(exc), raw)
+            continue
+        try:
+            columns, _ = store.result(sql)
+        except RuntimeError as exc:
+            report("error", str(exc), sql)
+            continue
+        missing = ANNOTATION_COLUMNS - {name for name, _ in columns}
+        if missing:
+            report("shape", f"no {', '.join(sorted(missing))} column(s)", sql)
+    return problems
+
+
+# ----------------------------------------------------------------------------- alert rules
+
+_NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
+_LABEL = re.compile(r"^(Nullable\(|LowCardinality\()*(String|FixedString\(\d+\))\)*$")
+#: Grafana alerting's default query interval for a rule (intervalMs).
+ALERT_INTERVAL_MS = 1000
+
+
+def alert_shape(columns: list[tuple[str, str]]) -> str | None:
+    """What is wrong with an SQL result for Grafana alerting, or None: one numeric column (the
+    value) and string columns (the labels of each row's series)."""
+    numeric = [n for n, t in columns if _NUMERIC.match(t)]
+    other = [f"{n} ({t})" for n, t in columns if not _NUMERIC.match(t) and not _LABEL.match(t)]
+    if len(numeric) != 1:
+        return f"{len(numeric)} numeric columns ({', '.join(numeric) or 'none'}); alerting needs 1"
+    if other:
+        return f"columns neither numeric nor string: {', '.join(other)}"
+    return None
+
+
+def load_rules(folder: Path = PROVISIONED) -> dict[str, Any]:
+    from cgloop.dashboards.alerts import RULES_FILE
+
+    return json.loads((folder / RULES_FILE).read_text())  # JSON, which YAML parsers read too
+
+
+def check_rule(rule: dict[str, Any], store: Store, to_ns: int) -> list[Problem]:
+    from cgloop.dashboards.alerts import PROMETHEUS_UID
+
+    problems: list[Problem] = []
+
+    def report(kind: str, message: str, sql: str = "") -> None:
+        problems.append(
+            Problem(
+                dashboard="alert rules",
+                uid=rule.get("uid", ""),
+                panel=rule.get("title", ""),
+                kind=kind,  # type: ignore[arg-type]
+                message=message,
+                sql=sql,
+            )
+        )
+
+    refs = {q.get("refId") for q in rule.get("data", [])}
+    if rule.get("condition") not in refs:
+        report("shape", f"condition {rule.get('condition')!r} is none of the queries {refs}")
+    for query in rule.get("data", []):
+        uid, model = query.get("datasourceUid"), query.get("model", {})
+        if uid == "__expr__":
+            if model.get("expression") not in refs:
+                report("shape", f"expression {query.get('refId')} reads an unknown query")
+            continue
+        if uid == PROMETHEUS_UID:
+            if not model.get("expr"):
+                report("shape", f"query {query.get('refId')} has no PromQL expr")
+            continue
+        if uid != DATASOURCE_UID:
+            report("shape", f"query {query.get('refId')}: unknown data source uid {uid!r}")
+            continue
+        window = query.get("relativeTimeRange", {})
+        rng = TimeRange(
+            to_ns - int(window.get("from", 0)) * 1_000_000_000,
+            to_ns - int(window.get("to", 0)) * 1_000_000_000,
+        )
+        raw = model.get("rawSql", "")
+        try:
+            sql = expand_macros(
+                interpolate(raw, {}, rng, ALERT_INTERVAL_MS), rng, ALERT_INTERVAL_MS
+            )
+        except ExpansionError as exc:
+            report("macro", str(exc), raw)
+            continue
+        try:
+            columns, _ = store.result(sql)
+        except RuntimeError as exc:
+            report("error", str(exc), sql)
+            continue
+        wrong = alert_shape(columns)
+        if wrong:
+            report("shape", wrong, sql)
+    return problems
+
+
+def check_rules(store_url: str, to_ns: int, folder: Path | None = None) -> list[Problem]:
+    """Every problem of the provisioned alert rules, evaluated as if at `to_ns`."""
+    store = Store(store_url)
+    try:
+        provisioned = load_rules(folder or PROVISIONED)
+        return [
+            p
+            for group in provisioned.get("groups", [])
+            for rule in group.get("rules", [])
+            for p in check_rule(rule, store, to_ns)
+        ]
+    finally:
+        store.close()
 
 
 def load(folder: Path = PROVISIONED) -> list[dict[str, Any]]:

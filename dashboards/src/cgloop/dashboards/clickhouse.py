@@ -52,3 +52,15 @@ class Query(cogbuilder.Builder[ClickHouseQuery]):
 
     def build(self) -> ClickHouseQuery:
         return self._q
+
+
+class AnnotationSql(cogbuilder.Builder[ClickHouseQuery]):
+    """An annotation query: a table with `time`, `text` and `tags` columns (the plugin's
+    annotation support, src/data/CHDatasource.ts). Grafana keeps a data source query in an
+    annotation's `target`; the SDK's AnnotationTarget models only the built-in one."""
+
+    def __init__(self, sql: str) -> None:
+        self._q = ClickHouseQuery("Anno", " ".join(sql.split()), "table")
+
+    def build(self) -> ClickHouseQuery:
+        return self._q

@@ -43,14 +43,14 @@ def register(app: typer.Typer) -> None:
 
     @sub.command()
     def build(out: Path | None = OutOpt, check_only: bool = CheckOnlyOpt) -> None:
-        """Write the four dashboards' JSON for Grafana's file provisioning."""
-        from cgloop.dashboards.build import PROVISIONED, render, write
+        """Write the four dashboards' JSON and the alert rules for Grafana's file provisioning."""
+        from cgloop.dashboards.build import PROVISIONED, render_all, write
 
         folder = out or PROVISIONED
         if check_only:
             stale = [
                 name
-                for name, text in render().items()
+                for name, text in render_all().items()
                 if not (folder / name).exists() or (folder / name).read_text() != text
             ]
             for name in stale:
@@ -66,9 +66,10 @@ def register(app: typer.Typer) -> None:
         url: str | None = UrlOpt,
         folder: Path | None = DirOpt,
     ) -> None:
-        """Expand every panel's macros and variables as Grafana would and run it on the store."""
+        """Expand every panel's and alert rule's macros and variables as Grafana would and run
+        them on the store (alert rules as if evaluated at --to)."""
         from cgloop.config import Settings
-        from cgloop.dashboards.check import check_dashboards
+        from cgloop.dashboards.check import check_dashboards, check_rules
 
         url = url or Settings().store_http_url
         start, end = _ns(time_from), _ns(time_to)
@@ -77,6 +78,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             problems = check_dashboards(url, start, end, folder)
+            problems += check_rules(url, end, folder)
         except OSError as exc:
             console.print(f"[red]cannot reach the store at {url}: {exc}[/]")
             raise typer.Exit(2) from exc
@@ -86,4 +88,4 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {p.sql}", soft_wrap=True, markup=False)
         if problems:
             raise typer.Exit(1)
-        console.print("every panel ran and returned rows")
+        console.print("every panel ran and returned rows; every alert rule ran")

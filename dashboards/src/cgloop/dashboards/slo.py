@@ -33,19 +33,32 @@ def _ms(x: float) -> str:
     return repr(float(x))  # a Float64 literal: transform() wants one type for every branch
 
 
-def latency_ms_sql(platform: str = "platform", table: SloTable | None = None) -> str:
-    """The latency objective (ms) of a gaming flow whose platform label is the column
-    `platform`, under the variable's choice."""
+def platform_latency_ms_sql(platform: str = "platform", table: SloTable | None = None) -> str:
+    """The latency objective (ms) of the flow's own platform (`generic`'s for a platform without
+    a profile), with no dashboard variable: what the alert rules judge by."""
     t = table or slo_table()
     names = sorted(n for n in t.platforms if n != GENERIC)
-    per_platform = (
+    return (
         f"transform({platform}, [{', '.join(repr(n) for n in names)}],"
         f" [{', '.join(_ms(t.platforms[n].latency_ms) for n in names)}],"
         f" {_ms(t.platforms[GENERIC].latency_ms)})"
     )
+
+
+def thresholds(table: SloTable | None = None) -> list[tuple[str, float]]:
+    """(platform, latency objective ms) for each platform with a profile, `generic` last."""
+    t = table or slo_table()
+    names = [*sorted(n for n in t.platforms if n != GENERIC), GENERIC]
+    return [(n, t.platforms[n].latency_ms) for n in names]
+
+
+def latency_ms_sql(platform: str = "platform", table: SloTable | None = None) -> str:
+    """The latency objective (ms) of a gaming flow whose platform label is the column
+    `platform`, under the variable's choice."""
+    t = table or slo_table()
+    per_platform = platform_latency_ms_sql(platform, t)
     profiles = [
-        f"'${{{VARIABLE}}}' = {name!r}, {_ms(t.latency_ms(name))}"
-        for name in choices(t)[1:]
+        f"'${{{VARIABLE}}}' = {name!r}, {_ms(t.latency_ms(name))}" for name in choices(t)[1:]
     ]
     if not profiles:
         return per_platform
