@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from cgloop import metrics
+from cgloop.contracts.ops import Daemon
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -133,11 +134,13 @@ def register(app: typer.Typer) -> None:
         latency_window_s: Annotated[
             float, typer.Option(help="average latency over windows of this length (0: off)")
         ] = 0.0,
+        metrics_addr: Annotated[str | None, metrics.option(Daemon.DAEMON_ANALYTICS)] = None,
     ) -> None:
         """Consume flows/INT/probes/nodes, emit detections to cgloop.detections.v1."""
+        from cgloop import logs
         from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
         from cgloop.analytics.model import load
-        from cgloop.analytics.worker import Worker
+        from cgloop.analytics.worker import Worker, WorkerMetrics
         from cgloop.config import settings
         from cgloop.slo import table as slo_table
 
@@ -147,7 +150,9 @@ def register(app: typer.Typer) -> None:
                 f"known: {', '.join(sorted(slo_table().deployments))}",
                 param_hint="--slo-profile",
             )
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logs.setup()
+        worker_metrics = WorkerMetrics()
+        server = metrics.start(worker_metrics.registry, metrics_addr, Daemon.DAEMON_ANALYTICS)
         path = model or default_model_path()
         clf, version = None, ""
         if path.exists():
@@ -163,8 +168,13 @@ def register(app: typer.Typer) -> None:
         ))
         st = settings()
         worker = Worker(engine, st.bootstrap_servers,
-                        state or st.state_dir / "analytics" / f"worker-{group}.json", group)
-        stats = worker.run(max_idle_s=max_idle_s)
+                        state or st.state_dir / "analytics" / f"worker-{group}.json", group,
+                        metrics=worker_metrics)
+        try:
+            stats = worker.run(max_idle_s=max_idle_s)
+        finally:
+            if server is not None:
+                server.close()
         console.print(f"stopped: {stats.messages} messages, {stats.records} records, "
                       f"{stats.detections} detections, {stats.skipped_replays} replays skipped")
         if stats.end_to_end_s:

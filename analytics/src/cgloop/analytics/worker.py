@@ -32,7 +32,9 @@ from cgloop.analytics.detectors.base import Suppressor, subject_text
 from cgloop.analytics.engine import AnalyticsEngine
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
 from cgloop.bus.topics import ACTIONS, ANALYTICS_INPUTS, DETECTIONS, FLOWS, INT, NODES, PROBES
-from cgloop.v1.detection_pb2 import Detection, DetectionBatch
+from cgloop.contracts.ops import Daemon
+from cgloop.metrics import PipelineMetrics, histogram
+from cgloop.v1.detection_pb2 import Detection, DetectionBatch, DetectionKind
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,21 @@ def _key(det: Detection) -> bytes:
     return subject_text(getattr(det, which) if which else "").encode()
 
 
+class WorkerMetrics(PipelineMetrics):
+    """The worker's /metrics: the pipeline series and how long a record waited for its
+    detection."""
+
+    def __init__(self) -> None:
+        super().__init__(Daemon.DAEMON_ANALYTICS)
+        self.detection_latency = histogram(
+            self.registry,
+            "cgloop_analytics_detection_latency_seconds",
+            "from the end of a detection's data window (record time) to the detection "
+            "acknowledged by Kafka",
+            ("kind",),
+        )
+
+
 class Worker:
     def __init__(
         self,
@@ -103,12 +120,14 @@ class Worker:
         evict_every_s: float = 5.0,
         keep_latencies: int = 200_000,
         commit_every_s: float = 0.5,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics = metrics or WorkerMetrics()
         self.bootstrap = bootstrap
         ensure_topics(bootstrap)
         self.consumer = BatchConsumer(bootstrap, group_id, topics,
-                                      source_id=f"analytics/{group_id}")
+                                      source_id=f"analytics/{group_id}", metrics=self.metrics)
         # detections are latency-critical: each step flushes them, and a flush sends at once
         # whatever linger.ms (the bus table's) says
         self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections")
@@ -159,6 +178,7 @@ class Worker:
         tp = f"{msg.topic()}:{msg.partition()}"
         if msg.offset() <= self.state.offsets.get(tp, -1):
             self.stats.skipped_replays += 1
+            self.metrics.drops.labels("replay").inc()
             self.consumer.commit(msg)
             return True
         self.stats.messages += 1
@@ -166,6 +186,7 @@ class Worker:
             dets = self._dispatch(t.name, batch)
         except Exception:  # a record the engine chokes on must not stop the loop
             log.exception("analytics failed on %s@%s; message skipped", tp, msg.offset())
+            self.metrics.drops.labels("analytics-error").inc()
             dets = []
         fresh = [d for d in dets if self.state.suppressor.allow(d)]
         self.stats.suppressed += len(dets) - len(fresh)
@@ -179,6 +200,14 @@ class Worker:
             self.producer.flush()
             sent = time.perf_counter()  # acknowledged by the broker
             self.stats.detections += len(fresh)
+            self.metrics.records_out.labels(OUTPUT_TOPIC).inc(len(fresh))
+            now_ns = time.time_ns()
+            for d in fresh:
+                if d.window_end_ns:
+                    kind = DetectionKind.Name(d.kind).removeprefix("DETECTION_KIND_").lower()
+                    self.metrics.detection_latency.labels(kind).observe(
+                        max(0, now_ns - d.window_end_ns) / 1e9
+                    )
             self.state.offsets[tp] = msg.offset()
             self.state.save()  # before the commit: a replay of this message is recognised
         else:

@@ -17,9 +17,10 @@ from cgloop.bus.topics import DEADLETTER, TOPICS, Topic, topic
 from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.contracts.bus import BusProducer, producer_settings
+from cgloop.metrics import PipelineMetrics, batch_size
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 from confluent_kafka.admin import AdminClient, NewTopic
 from google.protobuf.message import Message
@@ -190,9 +191,12 @@ class BatchConsumer:
         group_id: str,
         topics: Iterable[str],
         source_id: str | None = None,
+        metrics: PipelineMetrics | None = None,
         **config: str | int,
     ) -> None:
         self.topics = [topic(name) for name in topics]
+        # Records in, dead letters and lag per partition (cgloop.metrics), when given.
+        self.metrics = metrics
         self.group_id = group_id
         self.source_id = source_id or f"consumer/{group_id}"
         self._consumer = Consumer(
@@ -238,6 +242,8 @@ class BatchConsumer:
         self._deadletters.flush()  # on the dead-letter topic before the offset moves on
         self.stats.dead_lettered += 1
         self.stats.reasons.append(reason)
+        if self.metrics is not None:
+            self.metrics.dead_letters.labels(msg.topic() or "").inc()
         log.warning(
             "dead-lettered %s[%s]@%s: %s", msg.topic(), msg.partition(), msg.offset(), reason
         )
@@ -261,8 +267,21 @@ class BatchConsumer:
                 self._consumer.commit(message=msg, asynchronous=False)
                 continue
             self.stats.decoded += 1
+            if self.metrics is not None:
+                self._observe(msg, batch)
             return t, batch, msg
         return None
+
+    def _observe(self, msg: KafkaMessage, batch: Message) -> None:
+        assert self.metrics is not None
+        topic_name, partition = msg.topic() or "", msg.partition() or 0
+        try:  # the end librdkafka last learnt (no broker round trip)
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic_name, partition), cached=True
+            )
+        except KafkaException:
+            high = -1
+        self.metrics.consumed(topic_name, partition, msg.offset() or 0, high, batch_size(batch))
 
     def commit(self, msg: KafkaMessage, asynchronous: bool = False) -> None:
         self._consumer.commit(message=msg, asynchronous=asynchronous)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from cgloop import metrics
 from cgloop.config import settings
+from cgloop.contracts.ops import Daemon
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 store_app = typer.Typer(
     help="The trace store (chDB embedded, or a ClickHouse server).", no_args_is_help=True
@@ -57,32 +61,45 @@ def serve_cmd(
     ] = None,
     group: Annotated[str, typer.Option(help="consumer group of --sink")] = "cgloop-sink",
     metrics_port: Annotated[
-        int | None, typer.Option(help="serve the sink's Prometheus metrics on this port")
+        int | None,
+        typer.Option(hidden=True, help="deprecated: --metrics-addr 127.0.0.1:PORT"),
     ] = None,
     close_minutes_every: Annotated[
         float, typer.Option(min=0, help="seconds between closing flow minutes (0: never)")
     ] = 10.0,
+    metrics_addr: Annotated[
+        str | None, metrics.option(Daemon.DAEMON_STORE, "; with --sink, the sink's series too")
+    ] = None,
 ) -> None:
     """Own the store: apply migrations, then answer read-only SQL over HTTP until stopped.
 
     With --sink it also consumes every cgloop topic into the store (the embedded default:
     chDB lets only this process write the data folder)."""
+    from cgloop import logs
     from cgloop.datasets.store.migrations import MigrationError
-    from cgloop.datasets.store.server import SinkFailed, serve
+    from cgloop.datasets.store.server import SinkFailed, StoreMetrics, serve
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    logs.setup()
+    store_metrics = StoreMetrics()
+    server = metrics.start(
+        store_metrics.registry, _addr(metrics_addr, metrics_port), Daemon.DAEMON_STORE
     )
     run_sink = None
     if sink:
         run_sink = _embedded_sink(
-            bootstrap or settings().bootstrap_servers, group, metrics_port, close_minutes_every
+            bootstrap or settings().bootstrap_servers,
+            group,
+            store_metrics.registry,
+            close_minutes_every,
         )
     try:
         serve(
-            path or _default_path(), host, port or settings().store_port, migrations, sink=run_sink
+            path or _default_path(),
+            host,
+            port or settings().store_port,
+            migrations,
+            sink=run_sink,
+            metrics=store_metrics,
         )
     except SinkFailed as exc:
         _err.print(f"[red]store: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
@@ -95,6 +112,9 @@ def serve_cmd(
             f"[red]store: cannot serve on {host}:{port}: {escape(str(exc))}[/]", highlight=False
         )
         raise typer.Exit(1) from None
+    finally:
+        if server is not None:
+            server.close()
 
 
 def schema_diff(client) -> list[str]:  # client: clickhouse-connect Client
@@ -222,19 +242,25 @@ def query_cmd(
     Console().print(table)
 
 
+def _addr(metrics_addr: str | None, metrics_port: int | None) -> str | None:
+    """--metrics-addr, or the deprecated --metrics-port as 127.0.0.1:PORT."""
+    if metrics_addr is None and metrics_port is not None:
+        return f"127.0.0.1:{metrics_port}"
+    return metrics_addr
+
+
 def _embedded_sink(
-    bootstrap: str, group: str, metrics_port: int | None, close_minutes_every: float = 10.0
+    bootstrap: str, group: str, registry: CollectorRegistry, close_minutes_every: float = 10.0
 ):
-    """The sink as run inside the process that owns the chDB folder."""
+    """The sink as run inside the process that owns the chDB folder (its series are served
+    with the store's, from `registry`)."""
 
     def run(store, should_stop) -> None:
         from cgloop.datasets.sink.consumer import Sink, SinkConfig
         from cgloop.datasets.sink.metrics import SinkMetrics
         from cgloop.datasets.sink.writer import store_writers
 
-        metrics = SinkMetrics()
-        if metrics_port:
-            metrics.serve(metrics_port)
+        metrics = SinkMetrics(registry)
         config = SinkConfig(group_id=group, close_minutes_every_s=close_minutes_every)
         writers = store_writers(f"chdb://{store.path}", config.writers, first=store.client)
         Sink(writers, bootstrap, config, metrics).run(should_stop)
@@ -261,8 +287,10 @@ def sink_cmd(
         float, typer.Option(min=0, help="seconds between closing flow minutes (0: never)")
     ] = 10.0,
     metrics_port: Annotated[
-        int | None, typer.Option(help="serve Prometheus metrics on this port")
+        int | None,
+        typer.Option(hidden=True, help="deprecated: --metrics-addr 127.0.0.1:PORT"),
     ] = None,
+    metrics_addr: Annotated[str | None, metrics.option(Daemon.DAEMON_SINK)] = None,
     migrate: Annotated[bool, typer.Option(help="apply schema migrations first")] = True,
     crash_after_inserts: Annotated[
         int | None, typer.Option(hidden=True, help="testing: exit hard after N inserts")
@@ -279,17 +307,15 @@ def sink_cmd(
     import threading
 
     import clickhouse_connect
+    from cgloop import logs
     from cgloop.datasets.sink.consumer import Sink, SinkConfig, topics_of
     from cgloop.datasets.sink.metrics import SinkMetrics
     from cgloop.datasets.sink.writer import store_writers
     from cgloop.datasets.store.migrations import MigrationError
     from cgloop.datasets.store.migrations import migrate as apply_migrations
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup()
+    addr = metrics.parse_addr(_addr(metrics_addr, metrics_port), Daemon.DAEMON_SINK)
     url = url or settings().store_url
     if url and path:
         _err.print("[red]sink: give --url (ClickHouse server) or --path (chDB), not both[/]")
@@ -326,9 +352,9 @@ def sink_cmd(
     except ValueError as exc:
         _err.print(f"[red]sink: {escape(str(exc))}[/]", highlight=False)
         raise typer.Exit(2) from None
-    metrics = SinkMetrics()
-    if metrics_port:
-        metrics.serve(metrics_port)
+    sink_metrics = SinkMetrics()
+    metrics.daemon_info(sink_metrics.registry, Daemon.DAEMON_SINK)
+    metrics.serve(sink_metrics.registry, addr, Daemon.DAEMON_SINK)
     inserts = [0]
 
     def after_insert(_chunk: object) -> None:
@@ -344,7 +370,7 @@ def sink_cmd(
         writers,
         bootstrap or settings().bootstrap_servers,
         config,
-        metrics,
+        sink_metrics,
         after_insert=after_insert,
     )
     print(f"sink: group {group} -> {url or folder}", flush=True)

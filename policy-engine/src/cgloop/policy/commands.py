@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 import yaml
+from cgloop import metrics
 from cgloop.bus.topics import ACTIONS
+from cgloop.contracts.ops import Daemon
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -92,8 +94,10 @@ def run(
         bool,
         typer.Option(help=f"read the node agents' own actions ({ACTIONS.name}) as facts"),
     ] = True,
+    metrics_addr: Annotated[str | None, metrics.option(Daemon.DAEMON_POLICY_ENGINE)] = None,
 ) -> None:
     """Run the engine: detections from Kafka in, actions to the node agents and Kafka out."""
+    from cgloop import logs
     from cgloop.config import Settings
     from cgloop.policy import service
     from cgloop.policy.actuators import ActuatorError, NodeAgentActuator, Router
@@ -102,6 +106,8 @@ def run(
     from cgloop.policy.journal import Journal
     from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
 
+    logs.setup()
+    addr = metrics.parse_addr(metrics_addr, Daemon.DAEMON_POLICY_ENGINE)  # bad: stop here
     policies = _load(paths)
     agents = {}
     for item in agent or []:
@@ -124,7 +130,13 @@ def run(
     settings = Settings()
     state = _state_dir()
     store = WindowStore() if verify else None
-    feed = KafkaTelemetryFeed(settings.bootstrap_servers, store).start() if store else None
+    engine_metrics = service.EngineMetrics()
+    server = metrics.serve(engine_metrics.registry, addr, Daemon.DAEMON_POLICY_ENGINE)
+    feed = (
+        KafkaTelemetryFeed(settings.bootstrap_servers, store, metrics=engine_metrics).start()
+        if store
+        else None
+    )
     engine = Engine(
         policies,
         Router(node_agents),
@@ -150,8 +162,11 @@ def run(
             group,
             state / "approvals",
             node_facts=node_facts,
+            metrics=engine_metrics,
         )
     finally:
+        if server is not None:
+            server.close()
         if feed is not None:
             feed.stop()
         engine.journal.close()

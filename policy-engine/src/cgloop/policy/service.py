@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 
 from cgloop.bus import topics
 from cgloop.bus.kafka import BatchConsumer, BatchProducer
+from cgloop.contracts.ops import Daemon
+from cgloop.metrics import PipelineMetrics, histogram
 from cgloop.policy.engine import Engine, events_by_key
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -35,6 +37,57 @@ log = logging.getLogger(__name__)
 
 DETECTIONS = topics.DETECTIONS.name
 ACTIONS = topics.ACTIONS.name
+
+
+class EngineMetrics(PipelineMetrics):
+    """The engine's /metrics: the pipeline series (its consumers' records in, lag and dead
+    letters; action events out) and the loop's two steps, timed from the records themselves:
+    decision (a detection's timestamp to the action's) and apply (the action's timestamp to
+    its result's applied_ns)."""
+
+    REMEMBER = 100_000  # detections and actions awaiting their next step (oldest forgotten)
+
+    def __init__(self) -> None:
+        super().__init__(Daemon.DAEMON_POLICY_ENGINE)
+        self.decision_latency = histogram(
+            self.registry,
+            "cgloop_policy_decision_latency_seconds",
+            "from a detection (its record timestamp) to the action decided on it",
+        )
+        self.apply_latency = histogram(
+            self.registry,
+            "cgloop_policy_apply_latency_seconds",
+            "from an action's decision to its result's applied_ns",
+        )
+        self._detections: OrderedDict[str, int] = OrderedDict()
+        self._actions: OrderedDict[str, int] = OrderedDict()
+
+    def _remember(self, table: OrderedDict[str, int], key: str, ns: int) -> None:
+        table[key] = ns
+        if len(table) > self.REMEMBER:
+            table.popitem(last=False)
+
+    def detections(self, batch: dpb.DetectionBatch) -> None:
+        for d in batch.records:
+            if d.id and d.header.timestamp_ns:
+                self._remember(self._detections, d.id, d.header.timestamp_ns)
+
+    def published(self, events: list[apb.ActionEvent]) -> None:
+        self.records_out.labels(ACTIONS).inc(len(events))
+        for e in events:
+            if e.HasField("action"):
+                a = e.action
+                decided = a.header.timestamp_ns
+                if not decided:
+                    continue
+                self._remember(self._actions, a.id, decided)
+                seen = [self._detections.pop(i) for i in a.reason_detection_ids
+                        if i in self._detections]  # fmt: skip
+                if seen:
+                    self.decision_latency.observe(max(0, decided - min(seen)) / 1e9)
+            elif e.result.applied_ns and e.result.action_id in self._actions:
+                decided = self._actions.pop(e.result.action_id)  # its first applied result
+                self.apply_latency.observe(max(0, e.result.applied_ns - decided) / 1e9)
 
 
 def publish(
@@ -73,6 +126,7 @@ def run(
     poll_s: float = 0.05,
     max_messages: int = 64,
     node_facts: bool = True,
+    metrics: EngineMetrics | None = None,
 ) -> None:
     """Consume detections until `stop`, pipelined: decisions never wait for the disk.
 
@@ -87,7 +141,10 @@ def run(
     acknowledged by Kafka is republished.
     """
     inputs = [DETECTIONS, ACTIONS] if node_facts else [DETECTIONS]
-    consumer = BatchConsumer(bootstrap, group_id, inputs, source_id=engine.source_id)
+    metrics = metrics or EngineMetrics()
+    consumer = BatchConsumer(
+        bootstrap, group_id, inputs, source_id=engine.source_id, metrics=metrics
+    )
     producer = BatchProducer(bootstrap, client_id=engine.source_id)
     # Rounds decided but not committed yet: (journal sequence after the round, last message
     # per topic and partition), oldest first.
@@ -117,6 +174,7 @@ def run(
             unsent = events
         else:
             unsent = []
+            metrics.published(events)
 
     try:
         # Whatever resuming from the journal produced, starting with the events of the
@@ -134,6 +192,7 @@ def run(
                     engine.observe(batch)  # type: ignore[arg-type]
                 else:
                     combined.records.extend(batch.records)  # type: ignore[attr-defined]
+                    metrics.detections(batch)  # type: ignore[arg-type]
                 last[(msg.topic(), msg.partition())] = msg
                 taken += 1
                 item = consumer.poll(0.001) if taken < max_messages else None

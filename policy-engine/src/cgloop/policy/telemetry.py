@@ -16,10 +16,13 @@ import threading
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cgloop.policy import parameters
 from cgloop.policy.detections import addr_text, flow_text
+
+if TYPE_CHECKING:
+    from cgloop.metrics import PipelineMetrics
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1.common_pb2 import LatencySummary
 from cgloop.v1.flow_pb2 import FlowRecordBatch
@@ -199,7 +202,13 @@ class WindowStore:
 class KafkaTelemetryFeed:
     """Feeds a WindowStore from the probes and flows topics in a background thread."""
 
-    def __init__(self, bootstrap: str, store: WindowStore, group_id: str | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        store: WindowStore,
+        group_id: str | None = None,
+        metrics: PipelineMetrics | None = None,
+    ) -> None:
         from cgloop.bus.kafka import BatchConsumer
         from cgloop.bus.topics import FLOWS, PROBES
 
@@ -209,6 +218,7 @@ class KafkaTelemetryFeed:
             bootstrap,
             group_id or f"cgloop-policy-telemetry-{uuid.uuid4()}",
             [PROBES.name, FLOWS.name],
+            metrics=metrics,  # records in and lag of the verification's inputs
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telemetry-feed", daemon=True)

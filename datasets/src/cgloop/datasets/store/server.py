@@ -33,10 +33,13 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import chdb
 import clickhouse_connect
+from cgloop.contracts.ops import Daemon
 from cgloop.datasets.store import guard
 from cgloop.datasets.store.limits import BodyTooLarge, QueryLimits, inflate
 from cgloop.datasets.store.migrations import migrate
+from cgloop.metrics import daemon_info, histogram
 from clickhouse_connect.driver.client import Client
+from prometheus_client import CollectorRegistry, Counter
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +172,32 @@ class Store:
         self.client.close()
 
 
+class StoreMetrics:
+    """The store server's /metrics: queries by outcome, their duration, refusals by the
+    ClickHouse error code they answered with. `registry` is the one the daemon serves (the
+    embedded sink adds its series to it)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        daemon_info(r, Daemon.DAEMON_STORE)
+        self.queries = Counter(
+            "cgloop_store_queries",
+            "queries answered, by outcome (ok; refused: bad or forbidden input, limits; "
+            "failed: the store's own error)",
+            ["outcome"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "cgloop_store_refusals",
+            "queries refused, by the ClickHouse error code sent back",
+            ["code"],
+            registry=r,
+        )
+        self.duration = histogram(
+            r, "cgloop_store_query_duration_seconds", "from request to answer, refused ones too"
+        )
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: StoreHTTPServer
     protocol_version = "HTTP/1.1"
@@ -186,6 +215,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _error(self, status: int, code: int, message: str) -> None:
+        metrics = self.server.metrics
+        if status < 500:
+            metrics.queries.labels("refused").inc()
+            metrics.refusals.labels(str(code)).inc()
+        else:
+            metrics.queries.labels("failed").inc()
         text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"
         self._send(
             status,
@@ -225,6 +260,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle(body)
 
     def _handle(self, body: bytes) -> None:
+        started = time.perf_counter()
+        try:
+            self._answer(body)
+        finally:
+            self.server.metrics.duration.observe(time.perf_counter() - started)
+
+    def _answer(self, body: bytes) -> None:
         url = urlsplit(self.path)
         if url.path != "/":
             return self._error(HTTPStatus.NOT_FOUND, 1000, f"no handler for {url.path}")
@@ -253,6 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             "written_bytes": "0",
             "elapsed_ns": str(int(out.elapsed_s * 1e9)),
         }
+        self.server.metrics.queries.labels("ok").inc()
         self._send(
             HTTPStatus.OK,
             out.body,
@@ -271,8 +314,11 @@ class StoreHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, store: Store, host: str, port: int) -> None:
+    def __init__(
+        self, store: Store, host: str, port: int, metrics: StoreMetrics | None = None
+    ) -> None:
         self.store = store
+        self.metrics = metrics or StoreMetrics()
         super().__init__((host, port), _Handler)
 
 
@@ -287,6 +333,7 @@ def serve(
     migrations_dir: Path | None = None,
     ready: threading.Event | None = None,
     sink: Callable[[Store, Callable[[], bool]], None] | None = None,
+    metrics: StoreMetrics | None = None,
 ) -> None:
     """Open the store, apply pending migrations, serve until SIGTERM/SIGINT.
 
@@ -299,7 +346,7 @@ def serve(
         applied = store.migrate(migrations_dir)
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))
-        httpd = StoreHTTPServer(store, host, port)
+        httpd = StoreHTTPServer(store, host, port, metrics)
         stop = threading.Event()
         failure: list[BaseException] = []
 
