@@ -123,7 +123,7 @@ fn main() -> Result<()> {
 
 fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_obs::MetricsAddr) -> Result<()> {
     let tls = tls::server_config(&tls_dir)?;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::default());
     cgloop_obs::serve_or_warn(metrics.registry(), metrics_addr);
     let power = Power::start(&config.power);
     let sink = if config.kafka_bootstrap.is_empty() {

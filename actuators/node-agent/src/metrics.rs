@@ -30,8 +30,8 @@ pub struct Metrics {
     registry: Arc<Registry>,
 }
 
-impl Metrics {
-    pub fn new() -> Self {
+impl Default for Metrics {
+    fn default() -> Self {
         let mut r = Registry::with_prefix("cgloop_node_agent");
         let m = Self {
             requests: Family::default(),
@@ -83,7 +83,9 @@ impl Metrics {
         }
         Self { registry: Arc::new(r), ..m }
     }
+}
 
+impl Metrics {
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.clone()
     }
@@ -165,17 +167,10 @@ impl SanctionSource for CountedSanctions {
 mod tests {
     use super::*;
     use cgloop_proto::v1::{ApplyOutcome, SetFlowClassResponse};
-    use prometheus_client::encoding::text::encode;
-
-    fn text(m: &Metrics) -> String {
-        let mut s = String::new();
-        encode(&mut s, &m.registry()).unwrap();
-        s
-    }
 
     #[test]
     fn requests_actions_and_the_sampler_show() {
-        let m = Metrics::new();
+        let m = Metrics::default();
         let applied = SetFlowClassResponse {
             outcome: Some(ApplyOutcome { changed: true, ..Default::default() }),
             ..Default::default()
@@ -188,7 +183,7 @@ mod tests {
         m.action("SetFlowClass", &mut refused);
         m.observe_sampler(40, true, 2_000_000);
         m.observe_sampler(40, false, 9_000_000);
-        let t = text(&m);
+        let t = cgloop_obs::render(&m.registry()).unwrap();
         for want in [
             "cgloop_node_agent_grpc_requests_total{method=\"SetFlowClass\",code=\"OK\"} 1",
             "cgloop_node_agent_grpc_requests_total{method=\"SetFlowClass\",code=\"InvalidArgument\"} 1",

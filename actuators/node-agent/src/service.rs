@@ -18,7 +18,7 @@ pub struct Service {
 
 impl Service {
     pub fn new(agent: Arc<Agent>) -> Self {
-        Self::with_metrics(agent, Arc::new(Metrics::new()))
+        Self::with_metrics(agent, Arc::new(Metrics::default()))
     }
 
     /// A service counting its requests and actions into `metrics`.

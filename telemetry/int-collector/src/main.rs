@@ -369,7 +369,7 @@ fn run(a: RunArgs) -> Result<()> {
     drop(tx);
     let bound = listen;
     let allowed: Vec<String> = a.allow_sources.iter().map(|c| c.to_string()).collect();
-    let metrics = Metrics::new();
+    let metrics = Metrics::default();
     // The readiness line comes first (scripts wait for it); a metrics failure is logged after.
     let (metrics_bound, no_metrics) = cgloop_obs::try_serve(metrics.registry(), a.metrics_addr);
     eprintln!("{}", serde_json::json!({"event": "listening", "listen": bound.to_string(), "workers": workers, "steer": a.steer, "kafka": a.kafka, "topic": a.topic, "allow_sources": if allowed.is_empty() { serde_json::json!("any") } else { allowed.into() }, "metrics": metrics_bound.map(|m| m.to_string())}));

@@ -40,8 +40,8 @@ pub fn socket_drops(sock: &UdpSocket) -> Option<u64> {
     (rc == 0 && len as usize >= std::mem::size_of_val(&info)).then(|| u64::from(info[libc::SK_MEMINFO_DROPS as usize]))
 }
 
-impl Metrics {
-    pub fn new() -> Self {
+impl Default for Metrics {
+    fn default() -> Self {
         let mut r = Registry::with_prefix("cgloop_int_collector");
         let m = Self {
             datagrams: TotalCounter::default(),
@@ -69,7 +69,9 @@ impl Metrics {
         r.register("socket_drops", "Datagrams the kernel dropped on full socket receive buffers", m.socket_drops.clone());
         Self { registry: Arc::new(r), ..m }
     }
+}
 
+impl Metrics {
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.clone()
     }
@@ -96,17 +98,10 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus_client::encoding::text::encode;
-
-    fn text(m: &Metrics) -> String {
-        let mut s = String::new();
-        encode(&mut s, &m.registry()).unwrap();
-        s
-    }
 
     #[test]
     fn the_workers_totals_become_counters_once() {
-        let (m, stats) = (Metrics::new(), Stats::default());
+        let (m, stats) = (Metrics::default(), Stats::default());
         stats.packets.store(10, Ordering::Relaxed);
         stats.refused_source.store(2, Ordering::Relaxed);
         stats.reports.store(9, Ordering::Relaxed);
@@ -114,7 +109,7 @@ mod tests {
         stats.by_reason.lock().unwrap().insert("report:truncated".into(), 1);
         m.observe(&stats, 3, 5);
         m.observe(&stats, 3, 5); // the same totals again add nothing
-        let t = text(&m);
+        let t = cgloop_obs::render(&m.registry()).unwrap();
         for want in [
             "cgloop_int_collector_datagrams_received_total 12",
             "cgloop_int_collector_reports_parsed_total 9",

@@ -15,6 +15,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+/// The registry in the OpenMetrics text format, as `/metrics` serves it.
+pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut body = String::new();
+    encode(&mut body, registry)?;
+    Ok(body)
+}
+
 /// Serves `registry` on `addr` (`GET /metrics`) from a background thread; returns the bound
 /// address (port 0 picks one).
 pub fn serve(registry: Arc<Registry>, addr: SocketAddr) -> Result<SocketAddr> {
@@ -23,8 +30,8 @@ pub fn serve(registry: Arc<Registry>, addr: SocketAddr) -> Result<SocketAddr> {
     let bound = server.server_addr().to_ip().unwrap_or(addr);
     thread::Builder::new().name("metrics".into()).spawn(move || {
         for request in server.incoming_requests() {
-            let mut body = String::new();
-            let response = if request.url() == "/metrics" && encode(&mut body, &registry).is_ok() {
+            let body = (request.url() == "/metrics").then(|| render(&registry).ok()).flatten();
+            let response = if let Some(body) = body {
                 tiny_http::Response::from_string(body).with_header(
                     "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"
                         .parse::<tiny_http::Header>()
