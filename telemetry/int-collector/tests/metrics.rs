@@ -1,12 +1,11 @@
 //! The binary's /metrics endpoint (on by default; --metrics-addr moves or disables it).
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Command, Stdio};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cgloop_int_collector::gen::{GenConfig, Generator};
-
-const BIN: &str = env!("CARGO_BIN_EXE_cgloop-int-collector");
+mod common;
+use common::BIN;
 
 fn get(addr: SocketAddr) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -19,26 +18,13 @@ fn get(addr: SocketAddr) -> String {
 /// Refused sources and parsed reports show on /metrics while the collector runs.
 #[test]
 fn metrics_count_refused_and_parsed_reports() {
-    let mut child = Command::new(BIN)
-        .args(["run", "--listen", "127.0.0.1:0", "--workers", "1", "--duration", "5"])
-        .args(["--allow-source", "127.0.0.1", "--metrics-addr", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let listening: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let (mut child, listening) = common::start(&[
+        "--listen", "127.0.0.1:0", "--workers", "1", "--duration", "5",
+        "--allow-source", "127.0.0.1", "--metrics-addr", "127.0.0.1:0",
+    ]);
     let addr: SocketAddr = listening["listen"].as_str().unwrap().parse().unwrap();
     let metrics: SocketAddr = listening["metrics"].as_str().expect("metrics address").parse().unwrap();
-    let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut gen = Generator::new(GenConfig::default());
-    let mut buf = Vec::new();
-    for _ in 0..10 {
-        gen.next_packet(&mut buf);
-        sender.send_to(&buf, addr).unwrap();
-    }
+    let sender = common::send_reports(addr, 10);
     sender.send_to(&[0xff; 3], addr).unwrap(); // too short to be a report
     let deadline = Instant::now() + Duration::from_secs(4);
     let body = loop {
@@ -94,4 +80,26 @@ fn the_default_endpoint_is_the_declared_one() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains(&format!("[default: {want}]")), "{help}");
     assert!(help.contains("CGLOOP_LOG_FORMAT"), "{help}");
+}
+
+/// Logs to a closed stderr are dropped: the collector runs on (a refused source is logged).
+#[test]
+fn a_closed_log_pipe_does_not_stop_the_collector() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(BIN)
+        .args(["run", "--listen", "127.0.0.1:0", "--workers", "1", "--duration", "1.5"])
+        .args(["--allow-source", "192.0.2.0/24", "--metrics-addr", ""])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap(); // then closed
+    let listening: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr: SocketAddr = listening["listen"].as_str().unwrap().parse().unwrap();
+    common::send_reports(addr, 3);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["refused_source"], 3, "{summary}");
 }

@@ -6,14 +6,14 @@ use cgloop_int_collector::gen::{GenConfig, Generator};
 use cgloop_int_collector::parse::IntDetect;
 use cgloop_int_collector::recv::{self, Cidr, SourceFilter, Stats};
 use cgloop_int_collector::state::EventConfig;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, UdpSocket};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cgloop-int-collector");
+mod common;
+use common::BIN;
 
 fn ip(s: &str) -> Option<IpAddr> {
     Some(s.parse().unwrap())
@@ -111,26 +111,11 @@ fn listening_beyond_loopback_needs_named_sources() {
 /// The binary end to end: reports from a source outside `--allow-source` create nothing.
 #[test]
 fn the_binary_drops_reports_from_unlisted_sources() {
-    let mut child = Command::new(BIN)
-        .args(["run", "--listen", "127.0.0.1:0", "--workers", "1", "--allow-source", "192.0.2.0/24"])
-        .args(["--duration", "3"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let listening: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(listening["allow_sources"], serde_json::json!(["192.0.2.0/24"]), "{line}");
+    let (child, listening) =
+        common::start(&["--listen", "127.0.0.1:0", "--workers", "1", "--allow-source", "192.0.2.0/24", "--duration", "3"]);
+    assert_eq!(listening["allow_sources"], serde_json::json!(["192.0.2.0/24"]), "{listening}");
     let addr: std::net::SocketAddr = listening["listen"].as_str().unwrap().parse().unwrap();
-    let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut gen = Generator::new(GenConfig::default());
-    let mut buf = Vec::new();
-    for _ in 0..20 {
-        gen.next_packet(&mut buf);
-        sender.send_to(&buf, addr).unwrap();
-    }
+    let sender = common::send_reports(addr, 20);
     sender.send_to(&[0xff; 64], addr).unwrap(); // random bytes, too
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());

@@ -185,12 +185,27 @@ impl LogArgs {
             }
             Err(_) => (EnvFilter::new("info"), None),
         };
-        let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+        let builder = tracing_subscriber::fmt().with_writer(|| LossyStderr).with_env_filter(filter);
         let sub: Box<dyn tracing::Subscriber + Send + Sync> = match self.log_format {
             LogFormat::Text => Box::new(builder.finish()),
             LogFormat::Json => Box::new(builder.json().flatten_event(true).finish()),
         };
         (sub, bad)
+    }
+}
+
+/// Stderr that drops what it cannot write: a closed or full log pipe must not stop a daemon
+/// (tracing-subscriber reports a failed write with `eprintln!`, which panics on a closed stderr).
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
