@@ -56,10 +56,10 @@ enum Command {
         /// Kafka bootstrap servers for probe records (overrides the configuration).
         #[arg(long)]
         kafka: Option<String>,
-        /// Serve Prometheus metrics (GET /metrics, plain HTTP) on this host:port; an empty
-        /// value disables them. Loopback by default; a port in use is logged and the agent
+        /// Serve Prometheus metrics (GET /metrics, plain HTTP) on this host:port; `off` (or
+        /// empty) disables them. Loopback by default; a port in use is logged and the agent
         /// runs without them.
-        #[arg(long, default_value_t = cgloop_obs::MetricsAddr::default_for(Daemon::NodeAgent))]
+        #[arg(long, env = "CGLOOP_NODE_AGENT_METRICS_ADDR", default_value_t = cgloop_obs::MetricsAddr::default_for(Daemon::NodeAgent))]
         metrics_addr: cgloop_obs::MetricsAddr,
     },
     /// Generate lab certificates: a CA (reused if present), a server and a client certificate.

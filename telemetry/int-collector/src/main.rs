@@ -85,9 +85,9 @@ struct RunArgs {
     /// Datagrams per recvmmsg(2) call (1..1024).
     #[arg(long, default_value_t = recv::DEFAULT_BATCH)]
     batch: usize,
-    /// Serve Prometheus metrics (GET /metrics) on this host:port; an empty value disables
+    /// Serve Prometheus metrics (GET /metrics) on this host:port; `off` (or empty) disables
     /// them. Loopback by default; a port in use is logged and the collector runs without them.
-    #[arg(long, default_value_t = cgloop_obs::MetricsAddr::default_for(Daemon::IntCollector))]
+    #[arg(long, env = "CGLOOP_INT_COLLECTOR_METRICS_ADDR", default_value_t = cgloop_obs::MetricsAddr::default_for(Daemon::IntCollector))]
     metrics_addr: cgloop_obs::MetricsAddr,
 }
 

@@ -70,13 +70,14 @@ pub fn try_serve(registry: Arc<Registry>, addr: MetricsAddr) -> (Option<SocketAd
             None,
             Some(format!(
                 "no metrics: cannot listen on {addr} ({e:#}); running without /metrics \
-                 (--metrics-addr moves it, --metrics-addr '' disables it)"
+                 (--metrics-addr moves it, --metrics-addr off disables it)"
             )),
         ),
     }
 }
 
-/// `--metrics-addr`: host:port, or empty to disable the endpoint.
+/// `--metrics-addr`: host:port, or `off` (or empty) to disable the endpoint, as the Python
+/// daemons read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetricsAddr(pub Option<SocketAddr>);
 
@@ -102,11 +103,11 @@ impl std::str::FromStr for MetricsAddr {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.trim();
-        if s.is_empty() {
+        if s.is_empty() || s == "off" {
             return Ok(Self(None));
         }
         s.parse().map(|a| Self(Some(a))).map_err(|_| {
-            format!("{s:?} is not host:port (e.g. 127.0.0.1:9460); an empty value disables metrics")
+            format!("{s:?} is not host:port (e.g. 127.0.0.1:9460); `off` or an empty value disables metrics")
         })
     }
 }
@@ -253,6 +254,7 @@ mod tests {
     fn an_empty_address_disables_and_a_bad_one_is_named() {
         let parse = |s: &str| s.parse::<MetricsAddr>().map(|a| a.0);
         assert_eq!(parse(""), Ok(None));
+        assert_eq!(parse("off"), Ok(None));
         assert_eq!(parse("127.0.0.1:9460"), Ok(Some("127.0.0.1:9460".parse().unwrap())));
         let collector = MetricsAddr::default_for(cgloop_proto::ops::Daemon::IntCollector);
         assert!(collector.0.unwrap().ip().is_loopback(), "{collector}");
