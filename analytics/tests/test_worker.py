@@ -81,6 +81,12 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
     first_total = w.stats.detections
     assert first_total >= 2 and state.exists()
     assert w.stats.latencies_s and max(w.stats.latencies_s) < 5
+    # the same on the worker's /metrics registry
+    sample = w.metrics.registry.get_sample_value
+    assert sample("cgloop_analytics_detection_latency_seconds_count", {"kind": "slo_jitter"}) == 1
+    assert sample("cgloop_records_out_total", {"topic": "cgloop.detections.v1"}) == first_total
+    assert sample("cgloop_dead_letters_total", {"topic": "cgloop.flows.v1"}) >= 1
+    assert sample("cgloop_records_in_total", {"topic": "cgloop.flows.v1"}) >= len(recs)
 
     # restart in the same group: committed offsets, nothing new to say
     w2 = Worker(AnalyticsEngine(model, card.version), bootstrap, state, group)
@@ -93,4 +99,7 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
     w3 = Worker(AnalyticsEngine(model, card.version), bootstrap, state, f"{group}-again")
     _run_until_idle(w3)
     assert w3.stats.skipped_replays > 0
+    assert w3.metrics.registry.get_sample_value(
+        "cgloop_drops_total", {"reason": "replay"}
+    ) == w3.stats.skipped_replays
     assert w3.stats.detections == 0, w3.stats
