@@ -1,9 +1,7 @@
 //! Prometheus endpoint of the exporter (`GET /metrics`, text format).
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use anyhow::Result;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -149,9 +147,8 @@ impl Metrics {
         self.kafka_queue.set(queue);
     }
 
-    /// Serves the registry on `addr` from a background thread (cgloop_obs: one endpoint for
-    /// every Rust daemon).
-    pub fn serve(&self, addr: SocketAddr) -> Result<SocketAddr> {
-        cgloop_obs::serve(Arc::clone(&self.registry), addr)
+    /// The registry `/metrics` serves (cgloop_obs: one endpoint for every Rust daemon).
+    pub fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry)
     }
 }

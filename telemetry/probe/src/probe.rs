@@ -2,7 +2,6 @@
 use std::ffi::CString;
 use std::fs;
 use std::mem::MaybeUninit;
-use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,9 +59,14 @@ pub struct RunArgs {
     /// Observe ingress only (no tc egress program).
     #[arg(long)]
     no_egress: bool,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
-    #[arg(long)]
-    metrics_addr: Option<SocketAddr>,
+    /// Serve Prometheus metrics (GET /metrics) on this host:port; `off` (or empty) disables
+    /// them. Loopback by default; a port in use is logged and the probe runs without them.
+    #[arg(
+        long,
+        env = "CGLOOP_PROBE_METRICS_ADDR",
+        default_value_t = cgloop_obs::MetricsAddr::default_for(cgloop_proto::ops::Daemon::Probe)
+    )]
+    metrics_addr: cgloop_obs::MetricsAddr,
     /// Stop after this many seconds (default: until SIGTERM/SIGINT).
     #[arg(long)]
     duration_s: Option<f64>,
@@ -377,9 +381,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut sink = Sink::open(&args.sink)?;
     let metrics = Arc::new(Metrics::new());
     metrics.flow_capacity.set(args.max_flows as i64);
-    if let Some(addr) = args.metrics_addr {
-        let bound = metrics.serve(addr)?;
-        eprintln!("cgloop-probe: metrics on http://{bound}/metrics");
+    match cgloop_obs::try_serve(metrics.registry(), args.metrics_addr) {
+        (Some(bound), _) => eprintln!("cgloop-probe: metrics on http://{bound}/metrics"),
+        (None, Some(why)) => eprintln!("cgloop-probe: warning: {why}"),
+        (None, None) => {}
     }
     let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let mut sweeper = Sweeper::new(args.flow.sweep(format!("{}/flow-probe", host.trim())));
@@ -593,4 +598,26 @@ fn delete_flows(skel: &FlowProbeSkel<'_>, keys: &[[u8; KEY_SIZE]]) -> u64 {
         }
     }
     deleted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn metrics_are_on_by_default_at_the_declared_port_and_can_be_turned_off() {
+        let cli = Cli::try_parse_from(["cgloop-probe", "-i", "eth0"]).unwrap();
+        let declared = cgloop_proto::ops::default_metrics_addr(cgloop_proto::ops::Daemon::Probe);
+        assert_eq!(cli.run.metrics_addr.0, Some(declared));
+        assert!(declared.ip().is_loopback());
+        let off = Cli::try_parse_from(["cgloop-probe", "-i", "eth0", "--metrics-addr", "off"]).unwrap();
+        assert_eq!(off.run.metrics_addr.0, None);
+    }
 }
