@@ -56,18 +56,21 @@ def test_an_unknown_format_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "env", "words"),
+    ("command", "env", "words", "code"),
     [
-        (("analytics", "run"), {"CGLOOP_LOG_FORMAT": "xml"}, "CGLOOP_LOG_FORMAT"),
+        (("analytics", "run"), {"CGLOOP_LOG_FORMAT": "xml"}, "CGLOOP_LOG_FORMAT", 1),
+        # a bad metrics address is a usage error (2), found as the options are parsed
         (
             ("policy", "run"),
             {"CGLOOP_POLICY_ENGINE_METRICS_ADDR": "nowhere"},
             "CGLOOP_POLICY_ENGINE_METRICS_ADDR",
+            2,
         ),
-        (("sink", "--metrics-addr", "1.2.3.4"), {}, "--metrics-addr"),
+        (("sink", "--metrics-addr", "1.2.3.4"), {}, "--metrics-addr", 2),
+        (("--check-config", "store", "serve"), {"CGLOOP_STORE_METRICS_ADDR": "x"}, "STORE", 2),
     ],
 )
-def test_daemons_stop_at_start_naming_the_setting(run_cgloop, command, env, words) -> None:
+def test_daemons_stop_at_start_naming_the_setting(run_cgloop, command, env, words, code) -> None:
     result = run_cgloop(*command, env=env, timeout=60)
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == code, result.stdout + result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr

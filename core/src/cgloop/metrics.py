@@ -174,11 +174,20 @@ def option(daemon: int, more_help: str = "") -> Any:
     """The typer option every daemon's command takes: `--metrics-addr`, or its variable."""
     import typer
 
+    def check(value: str | None) -> str | None:
+        # At parse time, so `cgloop --check-config` refuses a bad address as running would.
+        try:
+            parse_addr(value, daemon)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        return value
+
     return typer.Option(
         "--metrics-addr",
         envvar=env_var(daemon),
         help=help_text(daemon) + more_help,
         show_default=False,
+        callback=check,
     )
 
 
