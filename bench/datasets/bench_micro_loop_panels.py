@@ -102,7 +102,7 @@ micro = {
         "Micro loop status", "Actions on these nodes by level")
 } | {("cgloop-loop", "Actions by level and operation"), ("cgloop-loop", "Node micro-loop actions"),
      ("cgloop-noc", "Actions per level and operation")}
-models = [json.loads(t) for t in render().values()]
+models = [json.loads(t) for n, t in render().items() if n.endswith(".json")]
 variables = {"node": Variable("node", [f"node-{n}" for n in range(nodes)], True, is_all=True)}
 out = {"node_samples": nodes * seconds, "actions": actions, "reused": filled,
        "us_per_node_sample": 1e6 * t_nodes / max(nodes * seconds, 1),
