@@ -40,7 +40,7 @@ VALIDATOR_SRC = REPO / "tests" / "compose" / "validate"
 VALIDATOR_BIN = REPO / ".cache" / "compose-validate" / "composevalidate"
 GO_BUILD_TIMEOUT_S = 900
 
-INFRASTRUCTURE = {"kafka", "clickhouse", "grafana", "onos"}
+INFRASTRUCTURE = {"kafka", "clickhouse", "grafana", "prometheus", "onos"}
 DAEMONS = {"probe", "int-collector", "sink", "analytics", "policy-engine", "node-agent"}
 # One-shot services of the loop profile: they run to completion before the daemons start.
 INIT = {"node-agent-certs"}
@@ -60,6 +60,7 @@ IMAGE_SERIES = {
     "kafka": ("apache/kafka", "4.1."),
     "clickhouse": ("clickhouse/clickhouse-server", "26."),
     "grafana": ("grafana/grafana", "12."),
+    "prometheus": ("prom/prometheus", "v3."),
     "onos": ("onosproject/onos", "2.7."),
 }
 CLICKHOUSE_PORTS = {"native": 9000, "http": 8123}
@@ -442,6 +443,8 @@ def test_bind_mounted_files_exist_and_parse(project: Project) -> None:
         Path("deploy/grafana/provisioning/datasources"),
         Path("deploy/grafana/provisioning/dashboards"),
         Path("dashboards/provisioned"),
+        Path("dashboards/provisioned/alerting"),
+        Path("deploy/prometheus/prometheus.yml"),
     } <= mounted
 
 
@@ -811,3 +814,69 @@ def test_every_cgloop_setting_in_the_file_is_read_by_the_code(project: Project) 
     text = COMPOSE_FILE.read_text()
     own = sorted({m for m in re.findall(r"\$\{(CGLOOP_\w+)", text) if m not in known})
     assert not own, f"compose variables named like cgloop settings: {own}"
+
+
+# ------------------------------------------------------------------- self-monitoring ---------
+# Compose service -> the daemon of the ops table (proto/cgloop/v1/ops.proto) it runs.
+SERVICE_DAEMON = {
+    "probe": "DAEMON_PROBE",
+    "int-collector": "DAEMON_INT_COLLECTOR",
+    "node-agent": "DAEMON_NODE_AGENT",
+    "sink": "DAEMON_SINK",
+    "analytics": "DAEMON_ANALYTICS",
+    "policy-engine": "DAEMON_POLICY_ENGINE",
+}
+
+
+def _metrics_addr(svc: Service, daemon: str) -> str | None:
+    """Where the service's daemon serves /metrics: its --metrics-addr or its variable."""
+    from cgloop.metrics import env_var
+    from cgloop.v1 import ops_pb2
+
+    command = [str(c) for c in svc.get("command") or []]
+    if "--metrics-addr" in command:
+        return command[command.index("--metrics-addr") + 1]
+    env = svc.get("environment") or {}
+    value = env.get(env_var(ops_pb2.Daemon.Value(daemon)))
+    return None if value is None else str(value)
+
+
+def test_prometheus_scrapes_every_daemon_at_the_ops_tables_port(project: Project) -> None:
+    """Every loop daemon serves /metrics at the port the ops table gives it, on the compose
+    network for Prometheus (host-network daemons: on HOST_METRICS_BIND), and Prometheus has one
+    job per daemon, named as the table names it, at that service and port."""
+    from cgloop.contracts import ops
+
+    table = ops.table()["daemons"]
+    config = yaml.safe_load((DEPLOY / "prometheus/prometheus.yml").read_text())
+    jobs = {
+        j["job_name"]: [t for sc in j["static_configs"] for t in sc["targets"]]
+        for j in config["scrape_configs"]
+    }
+    assert set(jobs) == {d.removeprefix("DAEMON_").lower() for d in SERVICE_DAEMON.values()}
+    for name, daemon in SERVICE_DAEMON.items():
+        port = table[daemon]["port"]
+        svc = service(project, name)
+        addr = _metrics_addr(svc, daemon)
+        assert addr is not None and addr.endswith(f":{port}"), (name, addr, port)
+        host_network = svc.get("network_mode") == "host"
+        # compose-network daemons listen on their container's interfaces, not published
+        assert host_network or addr == f"0.0.0.0:{port}", (name, addr)
+        target = f"{'host.docker.internal' if host_network else name}:{port}"
+        assert jobs[daemon.removeprefix("DAEMON_").lower()] == [target], (name, jobs)
+        published = [str(p.get("target")) for p in svc.get("ports") or []]
+        assert str(port) not in published, f"{name} publishes its metrics port"
+
+
+def test_grafana_loads_the_alert_rules_and_the_prometheus_datasource(project: Project) -> None:
+    from cgloop.dashboards.alerts import PROMETHEUS_UID
+
+    target = grafana_mount_target(project, "dashboards/provisioned/alerting")
+    assert target == "/etc/grafana/provisioning/alerting"
+    assert list((REPO / "dashboards/provisioned/alerting").glob("*.yaml"))
+    doc = yaml.safe_load(
+        (DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )
+    (source,) = doc["datasources"]
+    assert source["uid"] == PROMETHEUS_UID and source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090"
