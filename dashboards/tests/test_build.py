@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 import yaml
-from cgloop.dashboards.alerts import RULES_FILE
+from cgloop.dashboards.alerts import PROMETHEUS_TYPE, PROMETHEUS_UID, RULES_FILE
 from cgloop.dashboards.build import DASHBOARDS, PROVISIONED, render, render_all
 from cgloop.dashboards.clickhouse import DATASOURCE_TYPE, DATASOURCE_UID
 from cgloop.dashboards.commands import register
@@ -67,8 +67,13 @@ def test_panels_use_the_provisioned_clickhouse_data_source_and_have_unique_ids()
         titles = [p["title"] for p in model["panels"]]
         assert len(titles) == len(set(titles)), name
         for panel in model["panels"]:
-            assert panel["datasource"] == {"type": DATASOURCE_TYPE, "uid": DATASOURCE_UID}
             assert panel["targets"], (name, panel["title"])
+            if name == "pipeline-health.json":  # the daemons' metrics, through Prometheus
+                assert panel["datasource"] == {"type": PROMETHEUS_TYPE, "uid": PROMETHEUS_UID}
+                for target in panel["targets"]:
+                    assert target["datasource"] == panel["datasource"] and target["expr"]
+                continue
+            assert panel["datasource"] == {"type": DATASOURCE_TYPE, "uid": DATASOURCE_UID}
             for target in panel["targets"]:
                 assert target["datasource"]["uid"] == DATASOURCE_UID
                 assert target["editorType"] == "sql" and target["rawSql"].startswith("SELECT")

@@ -1,8 +1,10 @@
-"""The four NOC dashboards as code, and their JSON for Grafana's file provisioning.
+"""The four NOC dashboards as code, and their JSON for Grafana's file provisioning (with the
+pipeline-health dashboard of `pipeline.py`, PromQL on the daemons' metrics).
 
-Every query is ClickHouse SQL against the tables and views of datasets/.../migrations, with the
-ClickHouse plugin's macros ($__timeFilter, $__timeInterval, $__interval_s, ...) and dashboard
-variables; `cgloop.dashboards.check` runs each of them against a store.
+Every NOC dashboard query is ClickHouse SQL against the tables and views of
+datasets/.../migrations, with the ClickHouse plugin's macros ($__timeFilter, $__timeInterval,
+$__interval_s, ...) and dashboard variables; `cgloop.dashboards.check` runs each of them against
+a store.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from cgloop.dashboards.panels import (
     stat_panel,
     table_panel,
 )
+from cgloop.dashboards.pipeline import pipeline_health
 from cgloop.slo import GENERIC
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import timeseries, trend
@@ -754,6 +757,7 @@ DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
     "flow-detail": flow_detail,
     "loop-audit": loop_audit,
     "nodes": nodes,
+    "pipeline-health": pipeline_health,
 }
 
 
