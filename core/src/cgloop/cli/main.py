@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Annotated, Any
 
@@ -25,6 +26,7 @@ from typer.exceptions import Abort, Exit, TyperException
 ENTRY_POINT_GROUP = "cgloop.cli"
 DEBUG_ENV = "CGLOOP_DEBUG"
 INPUT_ERROR_EXIT = 1
+UNKNOWN_SETTING_EXIT = 2  # as a usage error
 BUG_EXIT = 70  # EX_SOFTWARE
 # The distribution that ships the `cgloop` command: `cgloop --version` prints its version.
 DISTRIBUTION = "cgloop-core"
@@ -170,10 +172,22 @@ def load_components(root: typer.Typer) -> list[str]:
     return failed
 
 
+def refuse_unknown_settings(environ: Mapping[str, str]) -> None:
+    """Before any command runs (`--check-config` and `--help` too): a CGLOOP_* variable cgloop
+    does not read (cgloop/known_settings.toml) is one line naming it and exit 2, so a misspelt
+    setting is never silently ignored."""
+    from cgloop.settings_known import refusal
+
+    if line := refusal(environ):
+        _err.print(f"cgloop: {line}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(UNKNOWN_SETTING_EXIT)
+
+
 def main() -> None:
     from cgloop.config import KafkaSecurityError, export_kafka_security, settings
     from pydantic import ValidationError
 
+    refuse_unknown_settings(os.environ)
     load_components(app)
     # Children (Rust producers too) log in as this process does. A bad CGLOOP_* setting is
     # reported by the command that reads it. With the embedded broker's security turned off,
