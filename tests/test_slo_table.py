@@ -4,10 +4,11 @@ by `cgloop.slo`), and every component that judges a flow by an objective reads i
 * Every consumer's value is the table's: the analytics' SLO detector (per platform and under
   the lab's profile), the loop (its options, its edge plan, the policies it renders, what it
   passes to the analytics worker), the lab's traffic profiles, the policy engine's default
-  protections (one per platform) and the dashboards' threshold.
+  protections (one per platform) and its verification (the shipped policies' expectations are
+  the triggering flow's platform objective) and the dashboards' threshold.
 * No SLO number is written anywhere else: outside tests, a number assigned to an SLO-named
-  value in those components' Python, or an SLO number in the loop's policy templates, is a
-  second declaration waiting to drift.
+  value in those components' Python, or an SLO number in the loop's policy templates or the
+  policy engine's shipped policies, is a second declaration waiting to drift.
 * A broken table is refused with the file and the field named.
 """
 
@@ -28,9 +29,12 @@ from cgloop.errors import CgloopError
 from cgloop.lab.traffic.profiles import GAMING_PLATFORMS, PROFILES
 from cgloop.loop.closed_loop import LoopOptions, write_policies
 from cgloop.loop.edge import EdgePlan
+from cgloop.policy.decide import Decider
 from cgloop.policy.model import default_policies
+from cgloop.policy.testing import detection
 from cgloop.slo import GENERIC, LAB, load, table, table_path
 from cgloop.testing import cgloop_cmd
+from cgloop.v1.common_pb2 import RecordHeader
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = "core/src/cgloop/slo/objectives.toml"
@@ -50,6 +54,13 @@ OBJECTIVE_HOMES = ("analytics/src/cgloop/analytics/detectors/",)
 # The loop's policy templates: an objective there is a placeholder the loop renders.
 TEMPLATES = "loop/src/cgloop/loop/data/policies"
 TEMPLATE_NUMBER = re.compile(r"^\s*(latency_slo_ns|value):\s*\d", re.MULTILINE)
+# The policy engine's shipped policies: an expectation takes its value from the table
+# (`value_from: slo.latency_ns`, resolved per the detection's platform). The protections'
+# `latency_slo_ns` parameters are the exception, each compared with its platform's objective
+# by test_the_policy_engines_protections_are_each_platforms_objective.
+ENGINE_POLICIES = "policy-engine/src/cgloop/policy/policies"
+ENGINE_NUMBER = re.compile(r"\b(latency_slo_ns|value)\s*:\s*[-+]?\.?\d[\w.+-]*")
+CHECKED_ELSEWHERE = {("protect.yaml", "latency_slo_ns")}
 
 
 def _code(text: str) -> str:
@@ -167,6 +178,22 @@ def test_the_policy_engines_protections_are_each_platforms_objective() -> None:
         assert ns == table().platforms[platform].latency_ns, platform
 
 
+def test_the_policy_engines_verification_expects_the_flows_objective() -> None:
+    """The shipped policies' expectations are the table's latency objective of the triggering
+    detection's platform (generic's without one), and the engine proposes it."""
+    expecting = [p for p in default_policies() if p.action.expect is not None]
+    assert {p.id for p in expecting} >= {"gaming-latency-reprioritise", "classic-burst-rate-limit"}
+    for p in expecting:
+        e = p.action.expect
+        assert e is not None and e.value is None and e.value_from == "slo.latency_ns", p.id
+        cases = [(n, {"platform": n}) for n in table().platforms] + [(GENERIC, {})]
+        for platform, labels in cases:
+            det = detection(10**18, labels={"node_id": "n", "interface": "i", **labels})
+            action = Decider.propose(p, det, "k", 0, RecordHeader(), 0.0).action
+            want = table().platforms[platform].latency_ns
+            assert action.expected_effect.value == want, (p.id, platform)
+
+
 def test_the_dashboards_threshold_offers_the_tables_profiles() -> None:
     assert dashboard_slo.choices() == [dashboard_slo.PER_PLATFORM, LAB]
     sql = dashboard_slo.latency_ms_sql()
@@ -185,6 +212,21 @@ def test_the_literal_check_can_fail() -> None:
     assert not _hits("loop/src/x.py", "slo_min_duration_s: float = 0.2\n")
     assert not _hits("loop/src/x.py", "x = 1  # latency_slo_ms = 20\n")
     assert TEMPLATE_NUMBER.search("        value: 20000000   # 20 ms\n")
+    assert _policy_hits("gaming.yaml", "      expect: {metric: m, value: 30000000}\n")
+    assert _policy_hits("gaming.yaml", "        value: 2.0e7\n")
+    assert _policy_hits("nodes.yaml", "      parameters: {<<: *p, latency_slo_ns: 6}\n")
+    assert not _policy_hits("protect.yaml", "      parameters: {<<: *p, latency_slo_ns: 6}\n")
+    assert not _policy_hits("gaming.yaml", "        value_from: slo.latency_ns\n")
+
+
+def _policy_hits(name: str, text: str) -> list[str]:
+    """SLO numbers in one of the engine's shipped policy files (comments aside)."""
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    return [
+        f"{ENGINE_POLICIES}/{name}: {m.group(0).strip()}"
+        for m in ENGINE_NUMBER.finditer(code)
+        if (name, m.group(1)) not in CHECKED_ELSEWHERE
+    ]
 
 
 def test_no_slo_number_outside_the_table() -> None:
@@ -196,7 +238,12 @@ def test_no_slo_number_outside_the_table() -> None:
             f"{f.relative_to(REPO)}: {m.group(0).strip()}"
             for m in TEMPLATE_NUMBER.finditer(f.read_text())
         ]
+    shipped = sorted((REPO / ENGINE_POLICIES).glob("*.yaml"))
+    assert {f.name for f in shipped} >= {"gaming.yaml", "protect.yaml"}
+    for f in shipped:
+        hits += _policy_hits(f.name, f.read_text())
     assert not hits, (
         f"SLO numbers written outside {TABLE} (read them through cgloop.slo; the loop's "
-        "policy templates take {latency_slo_ns}):\n" + "\n".join(hits)
+        "policy templates take {latency_slo_ns}, the engine's expectations "
+        "`value_from: slo.latency_ns`):\n" + "\n".join(hits)
     )

@@ -3,7 +3,8 @@
 Pure: no journal, no actuator, no clock of its own. `Decider.triggered` applies matching and
 hysteresis (a policy acts after `consecutive` matching detections of one subject), and
 `propose` builds the action a policy orders for a detection: its target and typed parameters
-with the templates resolved, its deterministic id (policy, triggering detection, target) and
+with the templates resolved, its expected effect (an SLO objective taken for the detection's
+platform, `Expect.resolve`), its deterministic id (policy, triggering detection, target) and
 its guard proposal, or the refusal when the target or the parameters cannot be resolved.
 The engine (cgloop.policy.engine) journals, guards and executes what this returns.
 """
@@ -224,7 +225,7 @@ class Decider:
                 apb.ExpectedEffect(
                     metric=e.metric,
                     comparator=COMPARATOR[e.comparator],
-                    value=e.value,
+                    value=e.resolve(det.labels),
                     within_ns=int(e.within * NS),
                 )
             )

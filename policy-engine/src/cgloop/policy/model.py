@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from cgloop import slo
 from cgloop.policy import parameters
 from pydantic import (
     BaseModel,
@@ -150,17 +151,70 @@ class Comparator(StrEnum):
     GREATER_OR_EQUAL = "greater_or_equal"
 
 
+# The SLO table's objectives (cgloop.slo) an expectation can take its value from, in the unit
+# of the metrics compared with them (`probe.*_rtt_ns` and `flow.rtp_jitter_ns` in ns, the loss
+# ratios as fractions, `flow.throughput_bps` in bit/s).
+SLO_VALUES: dict[str, Any] = {
+    "slo.latency_ns": lambda o: o.latency_ns,
+    "slo.jitter_ns": lambda o: round(o.jitter_ms * 1_000_000),
+    "slo.loss": lambda o: o.loss,
+    "slo.min_down_bps": lambda o: round(o.min_down_mbps * 1_000_000),
+}
+SloValue = StrEnum(  # type: ignore[misc]
+    "SloValue", {name.split(".")[1].upper(): name for name in SLO_VALUES}
+)
+# The detection label naming a gaming flow's platform (the classifier's and the SLO detector's).
+PLATFORM_LABEL = "platform"
+
+
 class Expect(Strict):
-    """What the action must achieve; verification reads the metric after `within`."""
+    """What the action must achieve; verification reads the metric after `within`.
+
+    The expected value is a number (`value`) or an objective of the SLO table (`value_from`):
+    the objective of the platform the triggering detection's `platform` label names (a platform
+    without a profile of its own, or no label: `generic`), under the deployment profile
+    `slo_profile` if one is named."""
 
     metric: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")  # e.g. probe.p99_rtt_ns
     comparator: Comparator = Comparator.LESS_THAN
-    value: float
+    value: float | None = None
+    value_from: SloValue | None = None
+    slo_profile: str | None = None
     within: Duration = 2.0
     # Window read before the action as the baseline, and the relative change that counts as
     # "worse" (after worse than before by more than this fraction).
     baseline_window: Duration = 2.0
     worse_tolerance: float = Field(default=0.1, ge=0)
+
+    @field_validator("slo_profile")
+    @classmethod
+    def _known_profile(cls, value: str | None) -> str | None:
+        if value is not None and value not in slo.table().deployments:
+            known = ", ".join(sorted(slo.table().deployments)) or "none"
+            raise ValueError(f"no SLO deployment profile {value!r} (known: {known})")
+        return value
+
+    @model_validator(mode="after")
+    def _one_value(self) -> Expect:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(
+                "give the expected value either as `value` (a number) or as `value_from` "
+                f"(an SLO objective: {', '.join(SLO_VALUES)}), not "
+                + ("both" if self.value is not None else "neither")
+            )
+        if self.slo_profile is not None and self.value_from is None:
+            raise ValueError("slo_profile: only applies with `value_from`")
+        return self
+
+    def resolve(self, labels: Mapping[str, str]) -> float:
+        """The expected value for a detection with these labels: `value`, or the SLO table's
+        objective for the platform its `platform` label names (`generic` without one)."""
+        if self.value_from is None:
+            assert self.value is not None  # _one_value
+            return self.value
+        platform = labels.get(PLATFORM_LABEL, "").strip().lower() or slo.GENERIC
+        objectives = slo.table().objectives(platform, self.slo_profile)
+        return float(SLO_VALUES[self.value_from.value](objectives))
 
 
 class Verdict(StrEnum):
