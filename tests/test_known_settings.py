@@ -19,12 +19,19 @@ from cgloop.settings_known import known, refusal, suggestion, unknown
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {"target", ".venv", "node_modules", ".git"}
-LITERAL = re.compile(r"CGLOOP_[A-Z0-9_]+")
+LITERAL = re.compile(r"(?<![A-Za-z0-9_])CGLOOP_[A-Z0-9_]+")
 ENV_PREFIX = re.compile(r"env_prefix\s*=\s*[\"'](CGLOOP_[A-Z0-9_]*)[\"']")
+RUST_TESTS = re.compile(r"^#\[cfg\(test\)\]\s*mod\s+\w+", re.M)
 C_MACRO = re.compile(r"^\s*#\s*define\s+(CGLOOP_[A-Z0-9_]+)", re.M)
 # Every pydantic settings class of the project reading CGLOOP_* (their prefixes are checked
 # against the sources below, so a new class cannot be missed).
 SETTINGS_CLASSES = (Settings, OnosSettings, QueryLimits)
+
+
+def _is_code(rel: Path) -> bool:
+    # The components' sources, build scripts and the benchmarks (which start the daemons with
+    # their variables in the environment); not tests, not docs.
+    return "src" in rel.parts or rel.name == "build.rs" or rel.parts[0] == "bench"
 
 
 def _sources(*suffixes: str) -> list[Path]:
@@ -34,7 +41,7 @@ def _sources(*suffixes: str) -> list[Path]:
         if p.suffix in suffixes
         and p.is_file()
         and not SKIP_DIRS.intersection(p.relative_to(ROOT).parts)
-        and "src" in p.relative_to(ROOT).parts
+        and _is_code(p.relative_to(ROOT))
     ]
 
 
@@ -49,11 +56,14 @@ def _c_macros() -> set[str]:
 
 
 def literals_in_sources() -> set[str]:
-    """Every full CGLOOP_* name written in the Python and Rust sources (a name ending in `_` is a
+    """Every full CGLOOP_* name written in the Python and Rust code (a name ending in `_` is a
     prefix such as CGLOOP_KAFKA_ or the start of a built name: those are read below)."""
     names: set[str] = set()
     for p in _sources(".py", ".rs"):
-        names |= {n for n in LITERAL.findall(p.read_text()) if not n.endswith("_")}
+        text = p.read_text()
+        if p.suffix == ".rs":  # a Rust file's unit tests (`#[cfg(test)] mod tests`) are tests
+            text = RUST_TESTS.split(text, maxsplit=1)[0]
+        names |= {n for n in LITERAL.findall(text) if not n.endswith("_")}
     return names - _c_macros()
 
 

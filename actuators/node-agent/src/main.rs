@@ -86,6 +86,7 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    cgloop_obs::refuse_unknown_settings("cgloop-node-agent");
     let cli = Cli::parse();
     cli.log.init();
     match cli.command {

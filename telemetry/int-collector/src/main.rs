@@ -467,6 +467,7 @@ fn gen(a: GenArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    cgloop_obs::refuse_unknown_settings("cgloop-int-collector");
     let cli = Cli::parse();
     cli.log.init();
     match cli.cmd {

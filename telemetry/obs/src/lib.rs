@@ -1,7 +1,11 @@
 //! Self-monitoring shared by cgloop's Rust daemons (the probe, the INT collector, the node
 //! agent): one Prometheus endpoint ([`serve`], `GET /metrics` in the OpenMetrics text format)
 //! and one log set-up ([`LogArgs`]: `RUST_LOG` filters, `CGLOOP_LOG_FORMAT=text|json` as the
-//! Python daemons read it).
+//! Python daemons read it), and the check of `CGLOOP_*` variables against their declaration
+//! ([`settings::refuse_unknown_settings`]).
+pub mod settings;
+pub use settings::refuse_unknown_settings;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

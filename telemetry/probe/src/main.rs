@@ -223,6 +223,7 @@ fn run_pcap(args: PcapArgs) -> Result<()> {
 }
 
 fn main() {
+    cgloop_obs::refuse_unknown_settings("cgloop-probe");
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pcap(args) => run_pcap(args),
