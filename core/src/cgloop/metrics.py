@@ -12,12 +12,19 @@ series every pipeline stage has.
 * `PipelineMetrics`: records in and out per topic, dead letters, drops by reason and consumer
   lag per topic and partition, under the same names in every daemon (the Prometheus job tells
   the daemons apart), plus the daemon's own histograms made with `histogram`.
+* `DependencyHealth`: whether the daemon reaches Kafka and the store,
+  `cgloop_dependency_up{dependency}` (1/0) and `cgloop_dependency_errors_total{dependency,
+  reason}`. Kafka's state comes from the clients of `cgloop.bus.kafka` (librdkafka's error
+  callback: down; a message received or delivered, or a broker seen up: up), the store's from
+  the sink's writes. Each change of state is one log line (not one per retry); the daemon
+  keeps running and retrying meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,11 +170,74 @@ class PipelineMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        # Kafka (through the clients given these metrics) and the store, when the daemon has one.
+        self.dependencies = DependencyHealth(r)
 
     def consumed(self, topic: str, partition: int, offset: int, high: int, records: int) -> None:
         self.records_in.labels(topic).inc(records)
         if high >= 0 and offset >= 0:
             self.consumer_lag.labels(topic, str(partition)).set(max(0, high - offset - 1))
+
+
+KAFKA = "kafka"
+STORE = "store"
+
+
+class DependencyHealth:
+    """Up or down per dependency (`KAFKA`, `STORE`), and its errors by reason. The series
+    appears with the first news of the dependency (a client built for it says nothing yet)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up_gauge = Gauge(
+            "cgloop_dependency_up",
+            "1 while the daemon reaches the dependency (kafka, store), 0 after it failed",
+            ["dependency"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "cgloop_dependency_errors",
+            "errors talking to a dependency, by reason (a librdkafka error name, a store step)",
+            ["dependency", "reason"],
+            registry=registry,
+        )
+        self._state: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def is_up(self, dependency: str) -> bool | None:
+        """The last known state (None: nothing known yet)."""
+        return self._state.get(dependency)
+
+    def up(self, dependency: str) -> None:
+        """`dependency` answered: up (logged once when it was down)."""
+        if self._state.get(dependency) is True:  # the hot path: no lock
+            return
+        with self._lock:
+            was = self._state.get(dependency)
+            if was is True:
+                return
+            self._state[dependency] = True
+            self.up_gauge.labels(dependency).set(1)
+        if was is False:
+            log.warning("%s: reachable again", dependency)
+
+    def down(self, dependency: str, reason: str, detail: object = "") -> None:
+        """`dependency` failed for `reason` (a bounded name: it is a label): counted; down,
+        logged once until it is up again."""
+        self.errors.labels(dependency, reason).inc()
+        with self._lock:
+            was = self._state.get(dependency)
+            self._state[dependency] = False
+            self.up_gauge.labels(dependency).set(0)
+        if was is not False:
+            log.error(
+                "%s: unreachable (%s: %s); running on and retrying, /metrics "
+                "cgloop_dependency_up{dependency=%r} is 0 until it answers again",
+                dependency, reason, detail, dependency,
+            )  # fmt: skip
+
+    def error(self, dependency: str, reason: str) -> None:
+        """An error that does not say the dependency is away: counted only."""
+        self.errors.labels(dependency, reason).inc()
 
 
 def option(daemon: int, more_help: str = "") -> Any:

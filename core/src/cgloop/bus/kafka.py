@@ -7,6 +7,7 @@ idempotent (records carry source id + sequence for exactly that).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -17,7 +18,7 @@ from cgloop.bus.topics import DEADLETTER, TOPICS, Topic, topic
 from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
 from cgloop.contracts.bus import BusProducer, producer_settings
-from cgloop.metrics import PipelineMetrics, batch_size
+from cgloop.metrics import KAFKA, DependencyHealth, PipelineMetrics, batch_size
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -31,11 +32,80 @@ log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("cgloop.bus.librdkafka")
 
 
-def client_config(bootstrap: str, config: dict | None = None) -> dict:
+class _ConnectionChurn(logging.Filter):
+    """Drops librdkafka's connection failures (facility FAIL: a line per broker per reconnect
+    attempt, several a second while a broker is away) for clients that report them as
+    cgloop_dependency_up and one log line per change instead (`health_callbacks`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("FAIL ")
+
+
+# The logger of clients given a DependencyHealth.
+monitored_librdkafka_log = librdkafka_log.getChild("monitored")
+monitored_librdkafka_log.addFilter(_ConnectionChurn())
+
+
+# librdkafka errors meaning the client cannot reach Kafka (the rest are counted only).
+UNREACHABLE = frozenset({
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
+    KafkaError._AUTHENTICATION,
+})  # fmt: skip
+# How often a client given a DependencyHealth reports its brokers' states (an idle daemon
+# learns that Kafka is back within this, not only with its next message).
+STATS_INTERVAL_MS = 5000
+
+
+def error_name(err: KafkaError) -> str:
+    """`transport` for _TRANSPORT: a librdkafka error as a metric label."""
+    return err.name().lstrip("_").lower()
+
+
+def health_callbacks(health: DependencyHealth) -> dict:
+    """librdkafka callbacks feeding `health`'s Kafka state: `error_cb` (unreachable: down; any
+    other error: counted, and fatal ones logged) and `stats_cb` (a broker seen UP: up). They run
+    in the thread that polls the client; librdkafka's own line per failed reconnect is left out of
+its log (`_ConnectionChurn`). With an `error_cb` set, librdkafka hands these errors
+    to it instead of returning them from a consumer's poll, where they would raise."""
+
+    def on_error(err: KafkaError) -> None:
+        if err.code() in UNREACHABLE:
+            health.down(KAFKA, error_name(err), err.str())
+        else:
+            health.error(KAFKA, error_name(err))
+            if err.fatal():
+                log.error("kafka client failed for good: %s", err.str())
+
+    def on_stats(text: str) -> None:
+        try:
+            brokers = json.loads(text).get("brokers", {}).values()
+        except (ValueError, AttributeError):
+            return
+        if any(b.get("state") == "UP" and b.get("nodeid", -1) >= 0 for b in brokers):
+            health.up(KAFKA)
+
+    return {
+        "logger": monitored_librdkafka_log,
+        "error_cb": on_error,
+        "stats_cb": on_stats,
+        "statistics.interval.ms": STATS_INTERVAL_MS,
+    }
+
+
+def client_config(
+    bootstrap: str, config: dict | None = None, health: DependencyHealth | None = None
+) -> dict:
     """librdkafka properties for a cgloop client of `bootstrap`: its security settings
     (CGLOOP_KAFKA_SECURITY_PROTOCOL and friends, or the embedded broker's credentials) unless
-    `config` gives them, then `config`. Every producer, consumer and admin client starts here."""
-    return {"logger": librdkafka_log, **kafka_client_config(bootstrap), **(config or {})}
+    `config` gives them, then `config`. Every producer, consumer and admin client starts here.
+    With `health`, the client reports whether it reaches Kafka (`health_callbacks`)."""
+    callbacks = health_callbacks(health) if health is not None else {}
+    return {
+        "logger": librdkafka_log,
+        **callbacks,
+        **kafka_client_config(bootstrap),
+        **(config or {}),
+    }
 
 
 def ensure_topics(
@@ -117,7 +187,15 @@ class BatchProducer:
     (BUS_PRODUCER_PYTHON: idempotent, acks=all, lz4, linger); `config` may add what is the
     caller's own (security, timeouts, size limits) but may not change a declared setting."""
 
-    def __init__(self, bootstrap: str, client_id: str = "cgloop", **config: str | int) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        client_id: str = "cgloop",
+        metrics: PipelineMetrics | None = None,
+        **config: str | int,
+    ) -> None:
+        # Kafka's state (cgloop_dependency_up) when given: errors, deliveries.
+        self.health = metrics.dependencies if metrics is not None else None
         declared = producer_settings(BusProducer.BUS_PRODUCER_PYTHON)
         changed = sorted(k for k in config if k in declared)
         if changed:
@@ -127,7 +205,7 @@ class BatchProducer:
             )
         # What the producer was built with (tests compare it to the table).
         self.config: dict = client_config(
-            bootstrap, {"client.id": client_id, **config, **declared}
+            bootstrap, {"client.id": client_id, **config, **declared}, self.health
         )
         self._producer = Producer(self.config)
         self.delivery_errors: list[str] = []
@@ -136,6 +214,10 @@ class BatchProducer:
         if err is not None:
             self.delivery_errors.append(f"{msg.topic()}: {err}")
             log.error("delivery to %s failed: %s", msg.topic(), err)
+            if self.health is not None:
+                self.health.error(KAFKA, error_name(err))
+        elif self.health is not None:
+            self.health.up(KAFKA)
 
     def send(self, topic_name: str, batch: Message, key: bytes | str | None = None) -> None:
         expected = topic(topic_name).full_type_name
@@ -197,6 +279,8 @@ class BatchConsumer:
         self.topics = [topic(name) for name in topics]
         # Records in, dead letters and lag per partition (cgloop.metrics), when given.
         self.metrics = metrics
+        # ... and Kafka's state (cgloop_dependency_up{dependency="kafka"}).
+        self.health = metrics.dependencies if metrics is not None else None
         self.group_id = group_id
         self.source_id = source_id or f"consumer/{group_id}"
         self._consumer = Consumer(
@@ -208,13 +292,17 @@ class BatchConsumer:
                     "auto.offset.reset": "earliest",
                     **config,
                 },
+                self.health,
             )
         )
         self._consumer.subscribe([t.name for t in self.topics])
         # The dead-letter producer authenticates as the consumer does.
         security = {k: v for k, v in config.items() if k.startswith(("security.", "sasl.", "ssl."))}
+        # It is idle mostly; while Kafka is away the consumer reports it (its health), so its
+        # reconnect attempts stay out of the log as the consumer's do.
+        quiet = {"logger": monitored_librdkafka_log} if self.health is not None else {}
         self._deadletters = BatchProducer(
-            bootstrap, client_id=f"{group_id}-deadletter", **security
+            bootstrap, client_id=f"{group_id}-deadletter", **security, **quiet
         )
         self._dl_sequence = 0
         self.stats = ConsumerStats()
@@ -259,6 +347,8 @@ class BatchConsumer:
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     continue
                 raise KafkaException(msg.error())
+            if self.health is not None:
+                self.health.up(KAFKA)
             t = TOPICS[msg.topic()]
             try:
                 batch = decode(t, msg.value(), msg.headers())

@@ -51,7 +51,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cgloop.bus.codec import DecodeError, check_headers, decode, decode_payload
-from cgloop.bus.kafka import BatchProducer, ensure_topics, librdkafka_log
+from cgloop.bus.kafka import (
+    BatchProducer,
+    ensure_topics,
+    health_callbacks,
+    librdkafka_log,
+    monitored_librdkafka_log,
+)
 from cgloop.bus.topics import DEADLETTER, FLOWS, INT, TOPICS
 from cgloop.config import kafka_client_config
 from cgloop.contracts import SCHEMA_VERSION
@@ -59,6 +65,7 @@ from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
 from cgloop.datasets.sink.writer import Encoded, StoreWriteError, StoreWriter, UndecodableBatch
 from cgloop.datasets.store.minutes import close_minutes
+from cgloop.metrics import KAFKA, STORE
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -173,9 +180,16 @@ class Sink:
                 "session.timeout.ms": self.config.session_timeout_ms,
                 "heartbeat.interval.ms": max(500, self.config.session_timeout_ms // 3),
                 "logger": librdkafka_log,
+                # Kafka's state on /metrics (cgloop_dependency_up); its errors go there (and
+                # to the log once a change) instead of being raised from consume(). (Its own
+                # logger too, without a line per reconnect attempt.)
+                **health_callbacks(self.metrics.dependencies),
             }
         )
-        self._deadletters = BatchProducer(bootstrap, client_id=f"{self.config.group_id}-dl")
+        # Its reconnect attempts stay out of the log as the consumer's do (which reports Kafka).
+        self._deadletters = BatchProducer(
+            bootstrap, client_id=f"{self.config.group_id}-dl", logger=monitored_librdkafka_log
+        )
         # Strictly increasing across restarts of this sink; next() is atomic (both threads).
         self._dl_sequence = itertools.count(time.time_ns() + 1)
         # Consumer thread only: the chunks being filled.
@@ -319,6 +333,7 @@ class Sink:
             if msg.error().code() == KafkaError._PARTITION_EOF:
                 return
             raise KafkaException(msg.error())
+        self.metrics.dependencies.up(KAFKA)
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         self.metrics.messages.labels(topic).inc()
         key = (topic, partition)
@@ -395,8 +410,10 @@ class Sink:
         except Exception as exc:  # the store's reason, whatever the backend raised
             self._minutes_dirty = True
             self.metrics.store_errors.inc()
+            self.metrics.dependencies.down(STORE, "close_minutes", exc)
             log.warning("closing flow minutes failed (retried in %.0f s): %s", every, exc)
             return
+        self.metrics.dependencies.up(STORE)
         if closed:
             log.debug("finalised %d flow minutes", closed)
 
@@ -583,6 +600,7 @@ class Sink:
         def before_sleep(state: RetryCallState) -> None:
             self.metrics.store_errors.inc()
             error = state.outcome.exception() if state.outcome else None
+            self.metrics.dependencies.down(STORE, what, error)
             wait = state.next_action.sleep if state.next_action else 0.0
             log.warning("store %s failed, retrying in %.1fs: %s", what, wait, error)
 
@@ -598,6 +616,7 @@ class Sink:
             sleep=time.sleep,
         )
         result = retrying(attempt)
+        self.metrics.dependencies.up(STORE)
         return int(result) if isinstance(result, int) else 0
 
     def _dead_letter(self, msg: KafkaMessage, reason: str) -> None:

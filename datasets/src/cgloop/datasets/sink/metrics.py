@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cgloop.metrics import DependencyHealth
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
@@ -37,6 +38,9 @@ class SinkMetrics:
             ["topic", "partition"],
             registry=r,
         )
+
+        # Kafka (the sink's consumer) and the store (its writes): cgloop_dependency_up.
+        self.dependencies = DependencyHealth(r)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)
