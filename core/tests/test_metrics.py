@@ -89,3 +89,42 @@ def test_served_series_and_a_port_in_use(caplog: pytest.LogCaptureFixture) -> No
 
 def test_off_serves_nothing() -> None:
     assert metrics.start(PipelineMetrics(ANALYTICS).registry, "off", ANALYTICS) is None
+
+
+def test_dependency_state_changes_are_one_line_each_and_errors_are_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = PipelineMetrics(ANALYTICS)
+    health = m.dependencies
+    assert health.is_up(metrics.KAFKA) is None
+    with caplog.at_level(logging.INFO, logger="cgloop.metrics"):
+        health.up(metrics.KAFKA)  # first news: up, nothing to say
+        for _ in range(5):  # retries while away: one line
+            health.down(metrics.KAFKA, "transport", "Connection refused")
+        health.error(metrics.KAFKA, "msg_timed_out")  # counted, the state unchanged
+        health.up(metrics.KAFKA)
+        health.up(metrics.KAFKA)
+        health.down(metrics.STORE, "insert", "Code: 210. Connection refused")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("kafka: unreachable (transport: Connection refused)")
+    assert lines[1] == "kafka: reachable again"
+    assert lines[2].startswith("store: unreachable (insert: Code: 210.")
+    text = prometheus_text(m)
+    series = {
+        (f.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert series[("cgloop_dependency_up", (("dependency", "kafka"),))] == 1.0
+    assert series[("cgloop_dependency_up", (("dependency", "store"),))] == 0.0
+    errors = "cgloop_dependency_errors"
+    assert series[(errors, (("dependency", "kafka"), ("reason", "transport")))] == 5.0
+    assert series[(errors, (("dependency", "kafka"), ("reason", "msg_timed_out")))] == 1.0
+    assert series[(errors, (("dependency", "store"), ("reason", "insert")))] == 1.0
+
+
+def prometheus_text(m: PipelineMetrics) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(m.registry).decode()
