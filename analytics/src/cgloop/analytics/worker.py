@@ -130,7 +130,9 @@ class Worker:
                                       source_id=f"analytics/{group_id}", metrics=self.metrics)
         # detections are latency-critical: each step flushes them, and a flush sends at once
         # whatever linger.ms (the bus table's) says
-        self.producer = BatchProducer(bootstrap, client_id=f"{group_id}-detections")
+        self.producer = BatchProducer(
+            bootstrap, client_id=f"{group_id}-detections", metrics=self.metrics
+        )
         self.commit_every_s = commit_every_s
         # Last handled message per topic-partition not yet committed: a commit covers one
         # partition, so every partition's progress is kept (a restart would otherwise replay

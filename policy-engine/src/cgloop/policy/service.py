@@ -145,7 +145,7 @@ def run(
     consumer = BatchConsumer(
         bootstrap, group_id, inputs, source_id=engine.source_id, metrics=metrics
     )
-    producer = BatchProducer(bootstrap, client_id=engine.source_id)
+    producer = BatchProducer(bootstrap, client_id=engine.source_id, metrics=metrics)
     # Rounds decided but not committed yet: (journal sequence after the round, last message
     # per topic and partition), oldest first.
     uncommitted: deque[tuple[int, dict[tuple[str, int], object]]] = deque()
