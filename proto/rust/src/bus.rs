@@ -9,17 +9,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
-use prost::Message;
-
+use crate::descriptor;
 use crate::kafka_security::KafkaSecurity;
 pub use crate::v1::{BusHeader, BusProducer, BusTopic, ProducerSettings, TopicSpec};
-
-static DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cgloop_descriptors.bin"));
 
 static TABLE: LazyLock<Table> = LazyLock::new(|| {
     // The bytes are fixed at build time and decoded by this module's tests: a failure here is
     // a broken bus.proto, not bad input.
-    Table::from_descriptors(DESCRIPTORS).unwrap_or_else(|e| panic!("bus.proto: {e}"))
+    Table::from_descriptors(crate::descriptor_set()).unwrap_or_else(|e| panic!("bus.proto: {e}"))
 });
 
 struct Table {
@@ -30,17 +27,7 @@ struct Table {
 
 impl Table {
     fn from_descriptors(bytes: &[u8]) -> Result<Self, String> {
-        let set = desc::FileDescriptorSet::decode(bytes)
-            .map_err(|e| format!("decoding the embedded descriptor set: {e}"))?;
-        let values = |name: &str| -> Result<Vec<desc::EnumValue>, String> {
-            set.file
-                .iter()
-                .filter(|f| f.package == "cgloop.v1")
-                .flat_map(|f| f.enum_type.iter())
-                .find(|e| e.name == name)
-                .map(|e| e.value.iter().filter(|v| v.number != 0).cloned().collect())
-                .ok_or(format!("no enum cgloop.v1.{name}"))
-        };
+        let values = |name: &str| descriptor::enum_values(bytes, name);
         let mut table = Table {
             topics: BTreeMap::new(),
             headers: BTreeMap::new(),
@@ -220,61 +207,10 @@ pub fn table_json() -> String {
     format!("{{\"topics\": {topics}, \"headers\": {headers}, \"producers\": {producers}}}")
 }
 
-/// The few descriptor.proto fields the table needs, with cgloop's enum value options (the
-/// generic prost_types descriptors would drop them as unknown fields).
-mod desc {
-    use crate::v1::{ProducerSettings, TopicSpec};
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct FileDescriptorSet {
-        #[prost(message, repeated, tag = "1")]
-        pub file: Vec<FileDescriptor>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct FileDescriptor {
-        #[prost(string, tag = "2")]
-        pub package: String,
-        #[prost(message, repeated, tag = "4")]
-        pub message_type: Vec<Named>,
-        #[prost(message, repeated, tag = "5")]
-        pub enum_type: Vec<Enum>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Named {
-        #[prost(string, tag = "1")]
-        pub name: String,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Enum {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(message, repeated, tag = "2")]
-        pub value: Vec<EnumValue>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct EnumValue {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(int32, tag = "2")]
-        pub number: i32,
-        #[prost(message, optional, tag = "3")]
-        pub options: Option<EnumValueOptions>,
-    }
-    /// The extensions of bus.proto (field numbers as declared there).
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct EnumValueOptions {
-        #[prost(message, optional, tag = "50101")]
-        pub topic: Option<TopicSpec>,
-        #[prost(string, optional, tag = "50102")]
-        pub header_name: Option<String>,
-        #[prost(message, optional, tag = "50103")]
-        pub producer_settings: Option<ProducerSettings>,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     #[test]
     fn every_topic_header_and_producer_is_declared() {
@@ -300,7 +236,8 @@ mod tests {
     #[test]
     fn batch_types_are_declared_messages() {
         // The type header a Rust producer sends must name a real cgloop.v1 message.
-        let set = desc::FileDescriptorSet::decode(DESCRIPTORS).expect("embedded descriptors");
+        let set = descriptor::FileDescriptorSet::decode(crate::descriptor_set())
+            .expect("embedded descriptors");
         let declared: Vec<String> = set
             .file
             .iter()
@@ -366,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_descriptor_set_without_the_options_is_refused() {
-        let empty = desc::FileDescriptorSet { file: vec![] }.encode_to_vec();
+        let empty = descriptor::FileDescriptorSet { file: vec![] }.encode_to_vec();
         let err = Table::from_descriptors(&empty).err().unwrap_or_default();
         assert!(err.contains("BusTopic"), "{err}");
     }

@@ -14,6 +14,7 @@ pub mod v1 {
 
 pub mod bus;
 pub mod catalogue;
+mod descriptor;
 pub mod host;
 pub mod kafka_security;
 pub mod ops;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::LazyLock;
 
-use prost::Message;
+use crate::descriptor;
 
 pub use crate::v1::{Daemon, MetricsEndpoint};
 
@@ -24,17 +24,9 @@ static TABLE: LazyLock<BTreeMap<i32, MetricsEndpoint>> = LazyLock::new(|| {
 });
 
 fn from_descriptors(bytes: &[u8]) -> Result<BTreeMap<i32, MetricsEndpoint>, String> {
-    let set = desc::FileDescriptorSet::decode(bytes)
-        .map_err(|e| format!("decoding the embedded descriptor set: {e}"))?;
-    let daemons = set
-        .file
-        .iter()
-        .filter(|f| f.package == "cgloop.v1")
-        .flat_map(|f| f.enum_type.iter())
-        .find(|e| e.name == "Daemon")
-        .ok_or("no enum cgloop.v1.Daemon")?;
+    let daemons = descriptor::enum_values(bytes, "Daemon")?;
     let mut table = BTreeMap::new();
-    for v in daemons.value.iter().filter(|v| v.number != 0) {
+    for v in &daemons {
         let endpoint = v.options.as_ref().and_then(|o| o.metrics.clone());
         let endpoint = endpoint.ok_or(format!("{} declares no (metrics) option", v.name))?;
         if !PORT_BLOCK.contains(&endpoint.port) {
@@ -84,49 +76,10 @@ pub fn table_json() -> String {
     format!("{{\"daemons\": {{{}}}}}", entries.join(", "))
 }
 
-/// The few descriptor.proto fields the table needs, with ops.proto's enum value option.
-mod desc {
-    use crate::v1::MetricsEndpoint;
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct FileDescriptorSet {
-        #[prost(message, repeated, tag = "1")]
-        pub file: Vec<FileDescriptor>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct FileDescriptor {
-        #[prost(string, tag = "2")]
-        pub package: String,
-        #[prost(message, repeated, tag = "5")]
-        pub enum_type: Vec<Enum>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Enum {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(message, repeated, tag = "2")]
-        pub value: Vec<EnumValue>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct EnumValue {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(int32, tag = "2")]
-        pub number: i32,
-        #[prost(message, optional, tag = "3")]
-        pub options: Option<EnumValueOptions>,
-    }
-    /// ops.proto's extension (field number as declared there).
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct EnumValueOptions {
-        #[prost(message, optional, tag = "50401")]
-        pub metrics: Option<MetricsEndpoint>,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     #[test]
     fn every_daemon_has_a_distinct_loopback_port_in_the_block() {
@@ -147,7 +100,7 @@ mod tests {
 
     #[test]
     fn a_descriptor_set_without_the_enum_is_refused() {
-        let empty = desc::FileDescriptorSet { file: vec![] }.encode_to_vec();
+        let empty = descriptor::FileDescriptorSet { file: vec![] }.encode_to_vec();
         let err = from_descriptors(&empty).err().unwrap_or_default();
         assert!(err.contains("Daemon"), "{err}");
     }
