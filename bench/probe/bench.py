@@ -515,7 +515,10 @@ def main() -> None:
         sys.exit("bench/probe needs root (network namespaces, BPF)")
     for tool in ("tcpreplay", "softflowd", "bpftool", "taskset", "clang"):
         if shutil.which(tool) is None:
-            sys.exit(f"{tool} missing: run `make setup-test` (scripts/bootstrap.d/probe.test.apt lists it)")
+            sys.exit(
+                f"{tool} missing: run `make setup-test` "
+                "(scripts/bootstrap.d/probe.test.apt lists it)"
+            )
     binary = Path(os.environ.get("CGLOOP_PROBE_BENCH_BINARY") or find_binary("cgloop-probe"))
     print(f"cgloop-probe: {binary}")
     if args.baseline is not None:
