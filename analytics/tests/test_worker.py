@@ -11,6 +11,7 @@ from cgloop.analytics.records import conversation_key
 from cgloop.analytics.synthetic import Degradation, gaming_records
 from cgloop.analytics.worker import Worker
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
+from cgloop.bus.topics import DETECTIONS, FLOWS, PROBES
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
 from cgloop.v1.flow_pb2 import FlowRecordBatch
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.kafka
 
 
 def _drain(bootstrap: str, group: str, want: int = 0, timeout_s: float = 20) -> list:
-    cons = BatchConsumer(bootstrap, group, ["cgloop.detections.v1"])
+    cons = BatchConsumer(bootstrap, group, [DETECTIONS.name])
     out, deadline, quiet = [], time.monotonic() + timeout_s, 0
     while time.monotonic() < deadline:
         item = cons.poll(1.0)
@@ -57,14 +58,14 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
     prod = BatchProducer(bootstrap)
     key = repr(conversation_key(recs[0].five_tuple)).encode()
     for i in range(0, len(recs), 10):
-        prod.send("cgloop.flows.v1", FlowRecordBatch(records=recs[i:i + 10]), key=key)
-    prod.send_raw("cgloop.flows.v1", b"\x0a\x40garbage", key=key)  # must be dead-lettered
+        prod.send(FLOWS.name, FlowRecordBatch(records=recs[i:i + 10]), key=key)
+    prod.send_raw(FLOWS.name, b"\x0a\x40garbage", key=key)  # must be dead-lettered
     for k in range(8):  # other topics and partitions: their progress must be committed too
         probe = ProbeRecord(
             header=RecordHeader(schema_version=1, source_id=f"test/{run}-{k}", sequence=1),
             probe_id=f"{run}-{k}", target_addr=bytes([192, 0, 2, k]), rtt_ns=1_000_000,
         )
-        prod.send("cgloop.probes.v1", ProbeRecordBatch(records=[probe]), key=f"{run}-{k}")
+        prod.send(PROBES.name, ProbeRecordBatch(records=[probe]), key=f"{run}-{k}")
     prod.flush()
 
     state = tmp_path / "worker.json"
@@ -84,9 +85,9 @@ def test_worker_detects_and_never_realerts_after_restart(stack_settings, small_m
     # the same on the worker's /metrics registry
     sample = w.metrics.registry.get_sample_value
     assert sample("cgloop_analytics_detection_latency_seconds_count", {"kind": "slo_jitter"}) == 1
-    assert sample("cgloop_records_out_total", {"topic": "cgloop.detections.v1"}) == first_total
-    assert sample("cgloop_dead_letters_total", {"topic": "cgloop.flows.v1"}) >= 1
-    assert sample("cgloop_records_in_total", {"topic": "cgloop.flows.v1"}) >= len(recs)
+    assert sample("cgloop_records_out_total", {"topic": DETECTIONS.name}) == first_total
+    assert sample("cgloop_dead_letters_total", {"topic": FLOWS.name}) >= 1
+    assert sample("cgloop_records_in_total", {"topic": FLOWS.name}) >= len(recs)
 
     # restart in the same group: committed offsets, nothing new to say
     w2 = Worker(AnalyticsEngine(model, card.version), bootstrap, state, group)

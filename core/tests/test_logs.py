@@ -10,6 +10,7 @@ import logging
 
 import pytest
 from cgloop import logs
+from cgloop.bus.topics import FLOWS
 
 
 @pytest.fixture(autouse=True)
@@ -26,14 +27,14 @@ def test_json_lines_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
     logs.setup(stream=out)
     log = logging.getLogger("cgloop.test")
-    log.warning("lag %d on %s", 5, "cgloop.flows.v1", extra={"partition": 2})
+    log.warning("lag %d on %s", 5, FLOWS.name, extra={"partition": 2})
     try:
         raise RuntimeError("boom")
     except RuntimeError:
         log.exception("failed")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert first["level"] == "WARNING" and first["logger"] == "cgloop.test"
-    assert first["message"] == "lag 5 on cgloop.flows.v1" and first["partition"] == 2
+    assert first["message"] == f"lag 5 on {FLOWS.name}" and first["partition"] == 2
     assert first["time"]
     assert second["level"] == "ERROR" and "RuntimeError: boom" in second["exc_info"]
 

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 from cgloop import metrics
+from cgloop.bus.topics import DETECTIONS, FLOWS
 from cgloop.contracts.ops import Daemon, endpoint
 from cgloop.metrics import MetricsAddr, PipelineMetrics, parse_addr
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,22 +58,22 @@ def test_a_bad_address_is_refused_naming_the_setting(value: str) -> None:
 
 def test_served_series_and_a_port_in_use(caplog: pytest.LogCaptureFixture) -> None:
     m = PipelineMetrics(ANALYTICS)
-    m.consumed("cgloop.flows.v1", 2, offset=10, high=15, records=3)
-    m.dead_letters.labels("cgloop.flows.v1").inc()
+    m.consumed(FLOWS.name, 2, offset=10, high=15, records=3)
+    m.dead_letters.labels(FLOWS.name).inc()
     m.drops.labels("replay").inc()
-    m.records_out.labels("cgloop.detections.v1").inc(2)
+    m.records_out.labels(DETECTIONS.name).inc(2)
     server = metrics.serve(m.registry, MetricsAddr("127.0.0.1", 0), ANALYTICS)
     assert server is not None and server.addr.port != 0
     try:
         got = _scrape(server.addr)
         assert got["cgloop_daemon"] == {(("daemon", "analytics"),): 1.0}
-        assert got["cgloop_records_in_total"] == {(("topic", "cgloop.flows.v1"),): 3.0}
+        assert got["cgloop_records_in_total"] == {(("topic", FLOWS.name),): 3.0}
         assert got["cgloop_consumer_lag_messages"] == {
-            (("partition", "2"), ("topic", "cgloop.flows.v1")): 4.0
+            (("partition", "2"), ("topic", FLOWS.name)): 4.0
         }
-        assert got["cgloop_dead_letters_total"] == {(("topic", "cgloop.flows.v1"),): 1.0}
+        assert got["cgloop_dead_letters_total"] == {(("topic", FLOWS.name),): 1.0}
         assert got["cgloop_drops_total"] == {(("reason", "replay"),): 1.0}
-        assert got["cgloop_records_out_total"] == {(("topic", "cgloop.detections.v1"),): 2.0}
+        assert got["cgloop_records_out_total"] == {(("topic", DETECTIONS.name),): 2.0}
         # A second daemon on the same port: one warning naming the setting, no exception.
         with caplog.at_level(logging.WARNING, logger="cgloop.metrics"):
             again = metrics.serve(PipelineMetrics(ANALYTICS).registry, server.addr, ANALYTICS)

@@ -4,6 +4,7 @@ detection's timestamp to the action decided on it, the action's to its first app
 
 from __future__ import annotations
 
+from cgloop.bus.topics import ACTIONS
 from cgloop.policy.service import EngineMetrics
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
@@ -37,5 +38,5 @@ def test_decision_and_apply_latency() -> None:
     assert _sample(m, apply, "count") == 1
     assert abs(_sample(m, apply, "sum") - 0.030) < 1e-9
     assert (
-        m.registry.get_sample_value("cgloop_records_out_total", {"topic": "cgloop.actions.v1"}) == 4
+        m.registry.get_sample_value("cgloop_records_out_total", {"topic": ACTIONS.name}) == 4
     )
