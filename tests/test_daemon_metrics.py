@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,10 @@ from cgloop.bus.kafka import BatchProducer, ensure_topics
 from cgloop.bus.topics import DETECTIONS, FLOWS
 from cgloop.contracts.samples import SAMPLES
 from cgloop.policy.testing import detection
-from cgloop.testing import cgloop_cmd, free_port
+from cgloop.testing import cgloop_cmd, free_port, scrape_metrics
 from cgloop.v1 import detection_pb2 as dpb
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.kafka
-
-
-def _scrape(port: int) -> dict[str, dict[tuple, float]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as reply:
-        text = reply.read().decode()
-    out: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def _until(port: int, proc: subprocess.Popen, ready, timeout_s: float = 60) -> dict:
@@ -42,7 +30,7 @@ def _until(port: int, proc: subprocess.Popen, ready, timeout_s: float = 60) -> d
         if proc.poll() is not None:
             break
         try:
-            last = _scrape(port)
+            last = scrape_metrics(f"127.0.0.1:{port}")
         except OSError:
             last = {}
         if last and ready(last):

@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import logging
 import socket
-import urllib.request
 
 import pytest
 from cgloop import metrics
 from cgloop.bus.topics import DETECTIONS, FLOWS
 from cgloop.contracts.ops import Daemon, endpoint
 from cgloop.metrics import MetricsAddr, PipelineMetrics, parse_addr
-from prometheus_client.parser import text_string_to_metric_families
+from cgloop.testing import parse_metrics, scrape_metrics
 
 ANALYTICS = Daemon.DAEMON_ANALYTICS
-
-
-def _scrape(addr: MetricsAddr) -> dict[str, dict[tuple, float]]:
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    out: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def test_the_default_is_the_tables_port_on_loopback() -> None:
@@ -65,7 +54,7 @@ def test_served_series_and_a_port_in_use(caplog: pytest.LogCaptureFixture) -> No
     server = metrics.serve(m.registry, MetricsAddr("127.0.0.1", 0), ANALYTICS)
     assert server is not None and server.addr.port != 0
     try:
-        got = _scrape(server.addr)
+        got = scrape_metrics(str(server.addr))
         assert got["cgloop_daemon"] == {(("daemon", "analytics"),): 1.0}
         assert got["cgloop_records_in_total"] == {(("topic", FLOWS.name),): 3.0}
         assert got["cgloop_consumer_lag_messages"] == {
@@ -112,17 +101,13 @@ def test_dependency_state_changes_are_one_line_each_and_errors_are_counted(
     assert lines[1] == "kafka: reachable again"
     assert lines[2].startswith("store: unreachable (insert: Code: 210.")
     text = prometheus_text(m)
-    series = {
-        (f.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
-    assert series[("cgloop_dependency_up", (("dependency", "kafka"),))] == 1.0
-    assert series[("cgloop_dependency_up", (("dependency", "store"),))] == 0.0
-    errors = "cgloop_dependency_errors"
-    assert series[(errors, (("dependency", "kafka"), ("reason", "transport")))] == 5.0
-    assert series[(errors, (("dependency", "kafka"), ("reason", "msg_timed_out")))] == 1.0
-    assert series[(errors, (("dependency", "store"), ("reason", "insert")))] == 1.0
+    series = parse_metrics(text)
+    up, errors = series["cgloop_dependency_up"], series["cgloop_dependency_errors_total"]
+    assert up[(("dependency", "kafka"),)] == 1.0
+    assert up[(("dependency", "store"),)] == 0.0
+    assert errors[(("dependency", "kafka"), ("reason", "transport"))] == 5.0
+    assert errors[(("dependency", "kafka"), ("reason", "msg_timed_out"))] == 1.0
+    assert errors[(("dependency", "store"), ("reason", "insert"))] == 1.0
 
 
 def prometheus_text(m: PipelineMetrics) -> str:

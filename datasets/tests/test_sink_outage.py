@@ -8,13 +8,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 from cgloop.bus.kafka import BatchProducer
 from cgloop.bus.topics import PROBES
 from cgloop.config import Settings
-from cgloop.testing import free_port
-from prometheus_client.parser import text_string_to_metric_families
+from cgloop.testing import free_port, scrape_metrics
 
 from .conftest import SinkStore, sample
 
@@ -23,15 +21,10 @@ pytestmark = pytest.mark.kafka
 BATCHES = 10  # each way: before the outage, and during it (delivered once the broker is back)
 
 
-def dependency_up(metrics_url: str) -> dict[str, float]:
+def dependency_up(metrics_addr: str) -> dict[str, float]:
     """cgloop_dependency_up by dependency, as the sink's /metrics serves it now."""
-    text = httpx.get(metrics_url, timeout=5).text
-    return {
-        s.labels["dependency"]: s.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "cgloop_dependency_up"
-        for s in family.samples
-    }
+    series = scrape_metrics(metrics_addr).get("cgloop_dependency_up", {})
+    return {dict(labels)["dependency"]: value for labels, value in series.items()}
 
 
 def wait_until(what: str, ok: Callable[[], bool], timeout_s: float, why: Callable[[], str]) -> None:
@@ -51,7 +44,6 @@ def test_the_sink_outlives_kafka_going_away_reports_it_and_loses_nothing(
     broker = KafkaBroker(s.state_dir, s.cache_dir, s.host, s.kafka_port, s.kafka_controller_port)
     source = f"sink-outage-{uuid.uuid4()}"
     metrics_addr = f"127.0.0.1:{free_port()}"
-    metrics_url = f"http://{metrics_addr}/metrics"
     store = SinkStore(
         tmp_path / "store", s.bootstrap_servers, f"t-{uuid.uuid4()}",
         "--metrics-addr", metrics_addr, "--close-minutes-every", "0",
@@ -68,13 +60,13 @@ def test_the_sink_outlives_kafka_going_away_reports_it_and_loses_nothing(
         producer.flush()
         rows = store.wait_for(count, lambda r: r[0][0] == str(BATCHES), timeout_s=30, s=source)
         assert rows == [[str(BATCHES), str(BATCHES), "1", str(BATCHES)]], log()
-        assert dependency_up(metrics_url) == {"kafka": 1.0, "store": 1.0}
+        assert dependency_up(metrics_addr) == {"kafka": 1.0, "store": 1.0}
 
         started = time.monotonic()
         assert broker.stop()
         wait_until(
-            "kafka reported down", lambda: dependency_up(metrics_url).get("kafka") == 0.0, 20,
-            lambda: f"{dependency_up(metrics_url)}\n{log()}",
+            "kafka reported down", lambda: dependency_up(metrics_addr).get("kafka") == 0.0, 20,
+            lambda: f"{dependency_up(metrics_addr)}\n{log()}",
         )  # fmt: skip
         assert store.proc.poll() is None, log()
         # Records produced while the broker is away wait in the producer; none may be lost.
@@ -82,13 +74,13 @@ def test_the_sink_outlives_kafka_going_away_reports_it_and_loses_nothing(
             producer.send(PROBES.name, sample(PROBES.name, source, i + 1), key=source)
         time.sleep(1)
         assert store.proc.poll() is None, log()
-        assert dependency_up(metrics_url).get("kafka") == 0.0
+        assert dependency_up(metrics_addr).get("kafka") == 0.0
 
         broker.start()
         producer.flush(30)
         wait_until(
-            "kafka reported up again", lambda: dependency_up(metrics_url).get("kafka") == 1.0,
-            20, lambda: f"{dependency_up(metrics_url)}\n{log()}",
+            "kafka reported up again", lambda: dependency_up(metrics_addr).get("kafka") == 1.0,
+            20, lambda: f"{dependency_up(metrics_addr)}\n{log()}",
         )  # fmt: skip
         want = [[str(2 * BATCHES), str(2 * BATCHES), "1", str(2 * BATCHES)]]
         rows = store.wait_for(count, lambda r: r == want, timeout_s=30, s=source)

@@ -7,17 +7,7 @@ from __future__ import annotations
 import socket
 
 import httpx
-from cgloop.testing import StoreServer, free_port
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def _series(port: int) -> dict[str, dict[tuple, float]]:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    out: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
+from cgloop.testing import StoreServer, free_port, scrape_metrics
 
 
 def test_queries_refusals_and_duration_are_served(tmp_path) -> None:
@@ -30,7 +20,7 @@ def test_queries_refusals_and_duration_are_served(tmp_path) -> None:
         refused = httpx.post(server.url, content="INSERT INTO flow_ingest VALUES (1)")
         assert refused.status_code >= 400
         code = refused.headers["X-ClickHouse-Exception-Code"]
-        got = _series(metrics_port)
+        got = scrape_metrics(f"127.0.0.1:{metrics_port}")
     finally:
         server.stop()
     assert got["cgloop_store_queries_total"][(("outcome", "ok"),)] >= 1

@@ -42,6 +42,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def parse_metrics(text: str) -> dict[str, dict[tuple, float]]:
+    """Prometheus text, parsed by prometheus_client: sample name -> {sorted label items: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def scrape_metrics(addr: str) -> dict[str, dict[tuple, float]]:
+    """A daemon's /metrics at `addr` (HOST:PORT), as `parse_metrics` gives it."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as reply:
+        return parse_metrics(reply.read().decode())
+
+
 def private_settings(state_dir: Path) -> Settings:
     """Settings for a stack of its own: state in `state_dir`, free loopback ports, the
     project's download cache (so the Kafka jars are fetched once)."""
