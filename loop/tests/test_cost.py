@@ -15,17 +15,22 @@ from cgloop.loop.cost import CostMeter, held_programs
 SPIN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 5: pass\n"
 
 
-def test_thread_cpu_of_a_busy_process() -> None:
-    child = subprocess.Popen([sys.executable, "-c", SPIN])
+def _cost_of(script: str, settle_s: float):
+    """The cost meter over one second of a child running `script`, once it has started."""
+    child = subprocess.Popen([sys.executable, "-c", script])
     try:
-        time.sleep(0.2)
+        time.sleep(settle_s)
         meter = CostMeter(child.pid)
         meter.start()
         time.sleep(1.0)
-        cost = meter.stop()
+        return meter.stop()
     finally:
         child.kill()
         child.wait()
+
+
+def test_thread_cpu_of_a_busy_process() -> None:
+    cost = _cost_of(SPIN, 0.2)
     # one thread spinning: about one core (a busy 2-core machine may give it less)
     assert 30 < cost.agent_pct_of_core <= 110, cost
     assert cost.sampler_pct_of_core is None  # no thread named like the queue monitor
@@ -43,16 +48,7 @@ threading.Thread(target=spin).start()
 
 
 def test_a_thread_named_like_the_sampler_is_the_sampler() -> None:
-    child = subprocess.Popen([sys.executable, "-c", NAMED_SPIN])
-    try:
-        time.sleep(0.3)
-        meter = CostMeter(child.pid)
-        meter.start()
-        time.sleep(1.0)
-        cost = meter.stop()
-    finally:
-        child.kill()
-        child.wait()
+    cost = _cost_of(NAMED_SPIN, 0.3)
     assert "queue-monitor" in cost.threads_pct_of_core, cost
     assert cost.sampler_pct_of_core is not None and 30 < cost.sampler_pct_of_core <= 110, cost
     # the spinning thread is nearly all of the process
