@@ -39,13 +39,15 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
-from cgloop.dashboards.alerts import PROMETHEUS_UID
+from cgloop.dashboards.alerts import PROMETHEUS_UID, RULES_FILE
 from cgloop.dashboards.build import OPTIONAL_PANELS, PROVISIONED, render
 from cgloop.dashboards.clickhouse import DATASOURCE_UID
 from pydantic import BaseModel
+
+T = TypeVar("T")
 
 DEFAULT_MAX_DATA_POINTS = 1000
 ALL = "$__all"
@@ -404,6 +406,28 @@ def _resolve(
     return variables
 
 
+def _run(
+    raw: str,
+    variables: dict[str, Variable],
+    rng: TimeRange,
+    step: int,
+    query: Callable[[str], T],
+    report: Callable[[str, str, str], None],
+) -> tuple[T | None, str]:
+    """`raw` with its variables and macros expanded as Grafana would, run by `query`; a macro
+    that cannot expand or a query the store refuses is reported. (result or None, the SQL)."""
+    try:
+        sql = expand_macros(interpolate(raw, variables, rng, step), rng, step)
+    except ExpansionError as exc:
+        report("macro", str(exc), raw)
+        return None, raw
+    try:
+        return query(sql), sql
+    except RuntimeError as exc:
+        report("error", str(exc), sql)
+        return None, sql
+
+
 def _panels(model: dict[str, Any]) -> Iterable[dict[str, Any]]:
     for panel in model.get("panels", []):
         yield panel
@@ -443,16 +467,8 @@ def check_model(
         for target in targets:
             if (target.get("datasource") or {}).get("uid") == PROMETHEUS_UID:
                 continue  # PromQL: its metric names are checked against the daemons' sources
-            raw = target.get("rawSql", "")
-            try:
-                sql = expand_macros(interpolate(raw, variables, rng, step), rng, step)
-            except ExpansionError as exc:
-                report("macro", str(exc), raw)
-                continue
-            try:
-                rows = store.rows(sql)
-            except RuntimeError as exc:
-                report("error", str(exc), sql)
+            rows, sql = _run(target.get("rawSql", ""), variables, rng, step, store.rows, report)
+            if rows is None:
                 continue
             if not rows and (model["uid"], panel.get("title", "")) not in allow_empty:
                 report("empty", f"query {target.get('refId', '')} returned no rows", sql)
@@ -485,16 +501,10 @@ def _check_annotations(
                 )
             )
 
-        try:
-            sql = expand_macros(interpolate(raw, variables, rng, step), rng, step)
-        except ExpansionError as exc:
-            report("macro", str(exc), raw)
+        result, sql = _run(raw, variables, rng, step, store.result, report)
+        if result is None:
             continue
-        try:
-            columns, _ = store.result(sql)
-        except RuntimeError as exc:
-            report("error", str(exc), sql)
-            continue
+        columns, _ = result
         missing = ANNOTATION_COLUMNS - {name for name, _ in columns}
         if missing:
             report("shape", f"no {', '.join(sorted(missing))} column(s)", sql)
@@ -522,14 +532,10 @@ def alert_shape(columns: list[tuple[str, str]]) -> str | None:
 
 
 def load_rules(folder: Path = PROVISIONED) -> dict[str, Any]:
-    from cgloop.dashboards.alerts import RULES_FILE
-
     return json.loads((folder / RULES_FILE).read_text())  # JSON, which YAML parsers read too
 
 
 def check_rule(rule: dict[str, Any], store: Store, to_ns: int) -> list[Problem]:
-    from cgloop.dashboards.alerts import PROMETHEUS_UID
-
     problems: list[Problem] = []
 
     def report(kind: str, message: str, sql: str = "") -> None:
@@ -565,19 +571,12 @@ def check_rule(rule: dict[str, Any], store: Store, to_ns: int) -> list[Problem]:
             to_ns - int(window.get("from", 0)) * 1_000_000_000,
             to_ns - int(window.get("to", 0)) * 1_000_000_000,
         )
-        raw = model.get("rawSql", "")
-        try:
-            sql = expand_macros(
-                interpolate(raw, {}, rng, ALERT_INTERVAL_MS), rng, ALERT_INTERVAL_MS
-            )
-        except ExpansionError as exc:
-            report("macro", str(exc), raw)
+        result, sql = _run(
+            model.get("rawSql", ""), {}, rng, ALERT_INTERVAL_MS, store.result, report
+        )
+        if result is None:
             continue
-        try:
-            columns, _ = store.result(sql)
-        except RuntimeError as exc:
-            report("error", str(exc), sql)
-            continue
+        columns, _ = result
         wrong = alert_shape(columns)
         if wrong:
             report("shape", wrong, sql)
