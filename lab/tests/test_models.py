@@ -15,17 +15,54 @@ from cgloop.lab.traffic.profiles import PROFILES
 from cgloop.lab.traffic.stats import Packets
 
 
-def test_default_topology_routes_every_host_through_the_bottleneck():
+def test_default_topology_is_lab_v2_and_routes_every_host_through_its_home_bottleneck():
     topo = load_topology()
-    assert topo.bottleneck().a == "edge" and topo.bottleneck().b == "cpe"
-    # A client's only route is its default route to the cpe.
-    gw = topo.link_between("cpe", "cl1").addr_a
+    access = [(link.a, link.b) for link in topo.access_links()]
+    core = [(link.a, link.b) for link in topo.core_links()]
+    assert access == [("edge1", "cpe1"), ("edge2", "cpe2")]
+    assert core == [("core", "edge1"), ("core", "edge2")]
+    assert topo.bottleneck().a == "edge1"  # the first access link, as a one-edge lab had
+    for link in topo.access_links():
+        assert (link.bottleneck.down_mbit, link.bottleneck.up_mbit) == (100, 20)
+        assert link.bottleneck.limit_packets == 1000
+    # the core's links are faster than a home's: a home's traffic never queues at the core
+    assert all(link.bottleneck.down_mbit > 100 for link in topo.core_links())
+    # A client's only route is its default route to its cpe.
+    gw = topo.link_between("cpe1", "cl1").addr_a
     assert topo.routes("cl1") == [(ipaddress.IPv4Network("0.0.0.0/0"), gw)]
-    # The edge reaches the client subnets through the cpe end of the bottleneck.
+    # The core reaches a home's subnets through that home's edge, and an edge the servers
+    # and the other edge's homes through the core.
+    core_routes = dict(topo.routes("core"))
+    cl2_net = topo.link_between("cpe2", "cl2").subnet
+    assert core_routes[topo.link_between("cpe1", "cl1").subnet] == topo.address_on("edge1", "core")
+    assert core_routes[cl2_net] == topo.address_on("edge2", "core")
+    edge1_routes = dict(topo.routes("edge1"))
+    assert edge1_routes[cl2_net] == topo.address_on("core", "edge1")
+    assert edge1_routes[topo.link_between("gs1", "core").subnet] == topo.address_on("core", "edge1")
+    # each gaming packet queues at the core's egress towards its edge, then at its home's
+    assert topo.path("gs1", "cl2") == ["gs1", "core", "edge2", "cpe2", "cl2"]
+    assert topo.shaped_hops("gs1", "cl1") == [("core", "edge1"), ("edge1", "cpe1")]
+    assert topo.shaped_hops("bulk", "edge2") == [("core", "edge2")]
+    assert topo.access_link_of("home2").a == "edge2"
+    with pytest.raises(KeyError, match="no access bottleneck"):
+        topo.access_link_of("gs1")
+    # an edge's own address faces the core (the core flood's sink binds there)
+    assert topo.address("edge1") == topo.address_on("edge1", "core")
+    assert topo.netns("edge1") == "cgl-edge1" and topo.egress_mbit("core", "edge1") == 200
+
+
+def test_the_one_edge_lab_is_still_shipped():
+    from cgloop.lab.scenario import V1_SCENARIO, check_scenario
+    from cgloop.lab.topology import V1_TOPOLOGY
+
+    topo = load_topology(shipped=V1_TOPOLOGY)
+    assert (topo.bottleneck().a, topo.bottleneck().b) == ("edge", "cpe")
+    assert topo.core_links() == []
     edge_routes = dict(topo.routes("edge"))
-    cpe_end = topo.bottleneck().addr_b
-    assert edge_routes[ipaddress.IPv4Network("10.77.11.0/30")] == cpe_end
-    assert topo.netns("edge") == "cgl-edge"
+    assert edge_routes[ipaddress.IPv4Network("10.77.11.0/30")] == topo.bottleneck().addr_b
+    check_scenario(load_scenario(shipped=V1_SCENARIO), topo)
+    with pytest.raises(ValueError, match="no node 'home1'"):
+        check_scenario(load_scenario(), topo)  # v2's scenario names v2's nodes
 
 
 def test_lab_name_override_is_validated():
@@ -46,6 +83,17 @@ def test_lab_name_override_is_validated():
             "links: [{a: a, b: b, subnet: 10.0.0.0/24}, {a: a, b: c, subnet: 10.0.0.0/30}]",
             "overlap",
         ),
+        (
+            "nodes: [{name: a, role: client}, {name: b, role: router}]\n"
+            "links: [{a: a, b: b, subnet: 10.0.0.0/30, bottleneck: {down_mbit: 1, up_mbit: 1}}]",
+            "must be a router",
+        ),
+        (
+            "nodes: [{name: a, role: router}, {name: b, role: client}]\n"
+            "links: [{a: a, b: b, subnet: 10.0.0.0/30,"
+            " bottleneck: {down_mbit: 1, up_mbit: 1, tier: metro}}]",
+            "tier",
+        ),
         ("nodes: [{name: a, role: router}]\nlinks: [}", "not valid YAML"),
         ("nodes: [{name: a, role: wizard}]\nlinks: []", "role"),
     ],
@@ -60,7 +108,12 @@ def test_bad_topology_is_refused_with_the_file_and_reason(tmp_path, yaml_text, m
 
 def test_default_scenario_loads_and_bad_ones_are_refused(tmp_path):
     sc = load_scenario()
-    assert {f.kind for f in sc.faults} == {"congestion", "rate_cap", "loss", "ect1_abuse"}
+    assert {f.kind for f in sc.faults} == {
+        "congestion", "core_congestion", "cpu_hog", "rate_cap", "loss", "ect1_abuse"
+    }
+    clients = {t.client for t in sc.traffic if t.kind == "gaming"}
+    assert clients == {"cl1", "cl2"}  # gaming on both edges
+    assert [t.at for t in sc.traffic if t.kind == "gaming" and t.at > 0]  # one joins late
     late = tmp_path / "late.yaml"
     late.write_text("duration: 5\nfaults: [{kind: loss, at: 4, duration: 3, percent: 5}]")
     with pytest.raises(ValueError, match="after the scenario"):
@@ -289,3 +342,61 @@ def test_a_sender_starved_of_cpu_drops_its_stale_frames_instead_of_bursting_them
     assert sender.frames_skipped >= 10, sender.frames_skipped
     assert right_after <= 4, (right_after, sock.sent_at)  # a catch-up sends 15 at once
     assert len(sock.sent_at) + sender.frames_skipped == sender.frames  # sent or skipped, once
+
+
+def test_new_fault_kinds_and_late_sessions_are_validated_with_file_and_field(tmp_path):
+    from cgloop.lab.faults import CoreCongestion, CpuHog
+
+    sc = load_scenario()
+    hog = next(f for f in sc.faults if isinstance(f, CpuHog))
+    assert (hog.node, hog.cores, hog.processes) == ("edge1", [1], 1)
+    flood = next(f for f in sc.faults if isinstance(f, CoreCongestion))
+    assert (flood.src, flood.dst) == ("bulk", "edge2")
+    cases = {
+        "faults: [{kind: cpu_hog, at: 1, duration: 1, node: edge1, cores: []}]": "cores",
+        "faults: [{kind: cpu_hog, at: 1, duration: 1, node: edge1, cores: [1, 1]}]": "distinct",
+        "faults: [{kind: cpu_hog, at: 1, duration: 1, cores: [0]}]": "node",
+        "faults: [{kind: cpu_hog, at: 1, duration: 1, node: edge1, cores: [0], processes: 0}]":
+            "processes",
+        "faults: [{kind: rate_cap, at: 1, duration: 1, rate_mbit: 5, node: edge1}]":
+            "both `node` and `peer`",
+        "traffic: [{kind: gaming, at: 5}]": r"traffic\[0\] \(gaming\) starts at 5",
+        "traffic: [{kind: gaming, at: -1}]": "at",
+    }
+    for i, (body, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.yaml"
+        path.write_text(f"duration: 5\n{body}\n")
+        with pytest.raises(ValueError, match=message) as err:
+            load_scenario(path)
+        assert str(path) in str(err.value), body
+
+
+def test_scenario_that_does_not_fit_the_topology_or_machine_is_refused_naming_each_field():
+    import os
+
+    from cgloop.lab.scenario import Scenario, check_scenario
+
+    beyond = max(os.sched_getaffinity(0)) + 1
+    sc = Scenario.model_validate(
+        {
+            "duration": 5,
+            "faults": [
+                # TCP to a home is held back by the home's bottleneck: the core never queues
+                {"kind": "core_congestion", "at": 1, "duration": 1, "dst": "home1"},
+                {"kind": "cpu_hog", "at": 1, "duration": 1, "node": "edge1", "cores": [beyond]},
+                {"kind": "rate_cap", "at": 1, "duration": 1, "rate_mbit": 5,
+                 "node": "cpe1", "peer": "cl1"},
+                {"kind": "loss", "at": 1, "duration": 1, "percent": 5,
+                 "node": "edge1", "peer": "edge2"},
+                {"kind": "core_congestion", "at": 1, "duration": 1, "src": "gs1", "dst": "core"},
+            ],
+        }
+    )
+    with pytest.raises(ValueError) as err:
+        check_scenario(sc, load_topology())
+    text = str(err.value)
+    assert "faults[0].dst: bulk→home1 is limited by edge1→cpe1 (100 Mbit/s)" in text
+    assert f"faults[1].cores: [{beyond}] not usable here" in text
+    assert "faults[2]: the link cpe1-cl1 is not shaped" in text
+    assert "faults[3].peer: edge1 has no link to 'edge2'" in text
+    assert "faults[4].dst: gs1→core crosses no core link" in text

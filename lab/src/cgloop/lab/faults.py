@@ -3,7 +3,10 @@
 | kind | mechanism |
 |---|---|
 | congestion | iperf3 TCP flows from the bulk sender through the bottleneck (BulkSession) |
-| rate_cap | change the bottleneck's HTB rate (both the link class and its default leaf) |
+| core_congestion | iperf3 TCP flows from the bulk sender to a sink on an edge router: they fill \
+the core router's shaped egress towards that edge (the INT source's queue) and nothing else |
+| cpu_hog | busy processes in a node's namespace pinned to given cores (sched_setaffinity) |
+| rate_cap | change a shaped link's HTB rate (both the link class and its default leaf) |
 | loss | the eBPF random-drop program (`bpf.py`) on clsact egress of an interface |
 | ect1_abuse | an unresponsive ECT(1)-marked UDP flow through the bottleneck |
 | burst_flood | an unresponsive classic UDP flood in large bursts through the bottleneck |
@@ -16,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
+import psutil
+from cgloop.lab import procs
 from cgloop.lab.bpf import CLSACT_EGRESS, load_sched_cls, loss_program
 from cgloop.lab.lab import Lab
 from cgloop.lab.sessions import (
@@ -31,7 +37,7 @@ from cgloop.lab.sessions import (
     listening,
     make_session,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -55,10 +61,50 @@ class Congestion(_Fault, BulkSpec):
     port: int = Field(5202, ge=1024, le=65535)  # beside a background bulk session's 5201
 
 
+class CoreCongestion(_Fault, BulkSpec):
+    """A bulk TCP flood (BulkSpec's fields) that ends at an edge router (`dst`, default edge1):
+    it crosses the core router's shaped link towards that edge and no home bottleneck, so the
+    core's queue is the one it fills (and INT sees), for that edge's sessions only."""
+
+    kind: Literal["core_congestion"] = "core_congestion"  # type: ignore[assignment]
+    dst: str = "edge1"
+    port: int = Field(5203, ge=1024, le=65535)
+
+
+# A busy loop in the smallest process there is: starts in milliseconds, burns its core.
+HOG_ARGV = ["/bin/sh", "-c", "while :; do :; done"]
+
+
+class CpuHog(_Fault):
+    """`processes` busy processes in `node`'s namespace, each pinned to `cores` (a node near
+    its capacity, or the core of a chain function's worker saturated)."""
+
+    kind: Literal["cpu_hog"] = "cpu_hog"
+    node: str
+    cores: list[int] = Field(min_length=1, max_length=256)
+    processes: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _cores(self) -> CpuHog:
+        if any(c < 0 for c in self.cores) or len(set(self.cores)) != len(self.cores):
+            raise ValueError(f"cores {self.cores}: core numbers must be distinct and ≥ 0")
+        return self
+
+
 class RateCap(_Fault):
     kind: Literal["rate_cap"] = "rate_cap"
     rate_mbit: float = Field(gt=0, le=100_000)
     direction: Literal["down", "up"] = "down"
+    # The shaped egress (node's interface towards `peer`); default: the first access
+    # bottleneck, downstream or upstream as `direction` says.
+    node: str | None = None
+    peer: str | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> RateCap:
+        if (self.node is None) != (self.peer is None):
+            raise ValueError("rate_cap: give both `node` and `peer` (the shaped egress) or neither")
+        return self
 
 
 class Loss(_Fault):
@@ -82,7 +128,8 @@ class BurstFlood(_Fault, UdpBurstSpec):
 
 
 FaultSpec = Annotated[
-    Congestion | RateCap | Loss | Ect1Abuse | BurstFlood, Field(discriminator="kind")
+    Congestion | CoreCongestion | CpuHog | RateCap | Loss | Ect1Abuse | BurstFlood,
+    Field(discriminator="kind"),
 ]
 
 
@@ -94,6 +141,7 @@ class ActiveFault:
         self.session: Session | None = None
         self._restore: tuple[str, str, float] | None = None
         self._loss_at: tuple[str, str] | None = None
+        self._hogs: list[subprocess.Popen] = []
         self.detail: dict = {}
         self.onset_ns: int | None = None  # known in advance for prepared faults
 
@@ -103,7 +151,7 @@ class ActiveFault:
         if isinstance(self.spec, Ect1Abuse | BurstFlood):
             self._start_flood(self.spec, start_at_ns)
             self.onset_ns = start_at_ns
-        elif isinstance(self.spec, Congestion) and not listening(
+        elif isinstance(self.spec, Congestion | CoreCongestion) and not listening(
             self.lab.ns(self.spec.dst), self.spec.port
         ):
             # The iperf3 server listens in advance; onset is when the flood's client starts. A
@@ -122,15 +170,20 @@ class ActiveFault:
         spec, lab = self.spec, self.lab
         if self.onset_ns is not None:
             return  # prepared: its generator starts itself on time
-        if isinstance(spec, Congestion):
+        if isinstance(spec, Congestion | CoreCongestion):
             if self.session is None:
                 self.session = make_session(lab, self.ident, self.out_dir, _as(BulkSpec, spec))
             self.session.start(spec.duration)
         elif isinstance(spec, Ect1Abuse | BurstFlood):
             self._start_flood(spec, None)
+        elif isinstance(spec, CpuHog):
+            self._start_hogs(spec)
         elif isinstance(spec, RateCap):
-            link = lab.topo.bottleneck()
-            node, peer = (link.a, link.b) if spec.direction == "down" else (link.b, link.a)
+            if spec.node and spec.peer:
+                node, peer = spec.node, spec.peer
+            else:
+                link = lab.topo.bottleneck()
+                node, peer = (link.a, link.b) if spec.direction == "down" else (link.b, link.a)
             before = lab.rate_mbit(node, peer)
             if before is None:
                 raise RuntimeError(f"no HTB shaper on {node}→{peer}: is the lab up?")
@@ -144,7 +197,37 @@ class ActiveFault:
             self._loss_at = (node, peer)
             self.detail = {"interface": f"{node}:{peer}"}
 
+    def _start_hogs(self, spec: CpuHog) -> None:
+        for k in range(spec.processes):
+            self._hogs.append(
+                self.lab.spawn(spec.node, HOG_ARGV, role=f"{self.ident}:hog{k}", cpus=spec.cores)
+            )
+        # What the kernel says, not what was asked: the cores each hog may run on.
+        self.detail = {
+            "node": spec.node,
+            "pids": [p.pid for p in self._hogs],
+            "affinity": [sorted(os.sched_getaffinity(p.pid)) for p in self._hogs],
+        }
+
+    def _stop_hogs(self) -> None:
+        cpu_s = []
+        for p in self._hogs:
+            try:
+                t = psutil.Process(p.pid).cpu_times()
+                cpu_s.append(round(t.user + t.system, 3))
+            except psutil.Error:
+                cpu_s.append(None)
+        procs.stop([(p.pid, None) for p in self._hogs])
+        for p in self._hogs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(1)
+        self.lab.forget([p.pid for p in self._hogs])
+        self.detail = {**self.detail, "cpu_s": cpu_s}
+        self._hogs = []
+
     def revert(self) -> None:
+        if self._hogs:
+            self._stop_hogs()
         if self.session:
             self.session.stop()
             self.detail = self.session.result()

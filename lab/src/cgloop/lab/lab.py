@@ -215,9 +215,17 @@ class Lab:
         return None
 
     # --- processes -----------------------------------------------------------------------------
-    def spawn(self, node: str, argv: list[str], role: str, log: Path | None = None):
-        """Start a process in `node`'s namespace and record it in the state file."""
-        proc = procs.spawn(self.ns(node), argv, log=log)
+    def spawn(
+        self,
+        node: str,
+        argv: list[str],
+        role: str,
+        log: Path | None = None,
+        cpus: list[int] | None = None,
+    ):
+        """Start a process in `node`'s namespace and record it in the state file; with `cpus`,
+        pinned to those cores."""
+        proc = procs.spawn(self.ns(node), argv, log=log, cpus=cpus)
         with self.store.edit(self.topo) as state:
             state.processes.append(
                 ProcRecord(

@@ -77,12 +77,18 @@ def spawn(
     *,
     log: Path | None = None,
     env: dict[str, str] | None = None,
+    cpus: Sequence[int] | None = None,
 ) -> subprocess.Popen:
-    """Start `argv` inside namespace `netns`, in its own session; stdout+stderr go to `log`."""
+    """Start `argv` inside namespace `netns`, in its own session; stdout+stderr go to `log`.
+    With `cpus`, the process (and what it forks) may run only on those cores
+    (sched_setaffinity before exec)."""
     fd = os.open(netns_path(netns), os.O_RDONLY)
+    affinity = set(cpus) if cpus is not None else None
 
     def enter() -> None:
         enter_netns(fd, f"namespace {netns}")
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
 
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     try:

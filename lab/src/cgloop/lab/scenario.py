@@ -4,24 +4,27 @@ Every fault's onset (the moment its apply step began: tc change, BPF filter atta
 start; for a prepared generator, the instant it was scheduled to start sending) is recorded in
 CLOCK_REALTIME ns, the clock the traffic generators stamp packets with, and written to
 `events.jsonl` as it happens, so the loop benchmark can line onsets up with detections, actions
-and the gaming flows' latency.
+and the gaming flows' latency. When each traffic session begins sending (sessions may start
+mid-scenario, `at:`) is written to `traffic.jsonl` as the run starts.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cgloop.lab.faults import ActiveFault, FaultSpec
+from cgloop.lab.faults import ActiveFault, CoreCongestion, CpuHog, FaultSpec, Loss, RateCap
 from cgloop.lab.lab import Lab
 from cgloop.lab.sessions import GamingSpec, MediaSession, Session, TrafficSpec, make_session
-from cgloop.lab.topology import Topology
+from cgloop.lab.topology import Tier, Topology
 from cgloop.lab.traffic.stats import DelaySummary
 from cgloop.lab.yamlfile import load_yaml_model
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DEFAULT_SCENARIO = "scenario.yaml"
+DEFAULT_SCENARIO = "scenario.yaml"  # for the default (v2) topology
+V1_SCENARIO = "scenario-v1.yaml"  # for topology-v1.yaml
 SETTLE_NS = 1_000_000_000
 STARTUP_S = 2.5  # head start for generator processes (Python start-up on a busy machine)
 
@@ -35,6 +38,13 @@ class Scenario(BaseModel):
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Scenario:
+        for i, t in enumerate(self.traffic):
+            at = getattr(t, "at", 0.0)
+            if at >= self.duration:
+                raise ValueError(
+                    f"traffic[{i}] ({t.kind}) starts at {at} s, not before the scenario's end "
+                    f"({self.duration} s)"
+                )
         for i, f in enumerate(self.faults):
             if f.at + f.duration > self.duration:
                 raise ValueError(
@@ -48,27 +58,61 @@ NODE_FIELDS = ("server", "client", "a", "b", "src", "dst", "node", "peer")
 
 
 def check_scenario(scenario: Scenario, topology: Topology) -> None:
-    """Refuse, before anything starts, a scenario that names nodes the topology lacks."""
+    """Refuse, before anything starts, a scenario that does not fit the topology (unknown
+    nodes, an egress that is no link or not shaped, a core flood that crosses no core link) or
+    this machine (a CPU hog on a core the lab may not use)."""
     names = {n.name for n in topology.nodes}
     problems = []
     for section, specs in (("traffic", scenario.traffic), ("faults", scenario.faults)):
         for i, spec in enumerate(specs):
+            where = f"{section}[{i}]"
+            unknown = False
             for field in NODE_FIELDS:
                 value = getattr(spec, field, None)
                 if value is not None and value not in names:
-                    problems.append(f"{section}[{i}].{field}: no node {value!r}")
+                    problems.append(f"{where}.{field}: no node {value!r}")
+                    unknown = True
             needs_bottleneck = spec.kind in ("rate_cap", "loss") and not getattr(spec, "node", 0)
-            if needs_bottleneck and not topology.bottlenecks():
-                problems.append(f"{section}[{i}] ({spec.kind}) needs a bottleneck link")
+            if needs_bottleneck and not topology.access_links():
+                problems.append(f"{where} ({spec.kind}) needs a bottleneck link")
+            if not unknown:
+                problems += _fault_problems(where, spec, topology)
     if problems:
         raise ValueError(
             f"scenario does not fit topology {topology.name!r}: " + "; ".join(problems)
         )
 
 
-def load_scenario(path: Path | None = None) -> Scenario:
-    """The scenario in `path` (YAML), or the shipped default."""
-    return load_yaml_model(Scenario, path, DEFAULT_SCENARIO, "scenario")
+def _fault_problems(where: str, spec, topo: Topology) -> list[str]:
+    if isinstance(spec, Loss | RateCap) and spec.node and spec.peer:
+        if spec.peer not in topo.neighbours(spec.node):
+            return [f"{where}.peer: {spec.node} has no link to {spec.peer!r}"]
+        if isinstance(spec, RateCap) and not topo.link_between(spec.node, spec.peer).bottleneck:
+            return [f"{where}: the link {spec.node}-{spec.peer} is not shaped (no bottleneck)"]
+    if isinstance(spec, CpuHog):
+        usable = os.sched_getaffinity(0)
+        missing = [c for c in spec.cores if c not in usable]
+        if missing:
+            return [f"{where}.cores: {missing} not usable here (cores {sorted(usable)})"]
+    if isinstance(spec, CoreCongestion):
+        hops = topo.shaped_hops(spec.src, spec.dst)
+        core = {h for h in hops if topo.link_between(*h).bottleneck.tier == Tier.core}  # type: ignore[union-attr]
+        if not core:
+            return [f"{where}.dst: {spec.src}→{spec.dst} crosses no core link"]
+        slowest = min(hops, key=lambda h: topo.egress_mbit(*h) or 0.0)
+        if slowest not in core:
+            return [
+                f"{where}.dst: {spec.src}→{spec.dst} is limited by {slowest[0]}→{slowest[1]} "
+                f"({topo.egress_mbit(*slowest):g} Mbit/s), not by the core: its TCP flows "
+                "would queue there; name an edge router (e.g. dst: edge1)"
+            ]
+    return []
+
+
+def load_scenario(path: Path | None = None, shipped: str = DEFAULT_SCENARIO) -> Scenario:
+    """The scenario in `path` (YAML), or the shipped file `shipped` (the v2 default, or
+    V1_SCENARIO)."""
+    return load_yaml_model(Scenario, path, shipped, "scenario")
 
 
 class FaultEvent(BaseModel):
@@ -79,6 +123,15 @@ class FaultEvent(BaseModel):
     end_ns: int | None = None
     apply_ms: float  # how long the apply step itself took
     detail: dict = Field(default_factory=dict)
+
+
+class TrafficEvent(BaseModel):
+    """When a traffic session begins sending (CLOCK_REALTIME ns, scheduled)."""
+
+    id: str
+    kind: str
+    spec: dict
+    start_ns: int
 
 
 class FaultWindows(BaseModel):
@@ -97,6 +150,7 @@ class Report(BaseModel):
     faults: list[FaultEvent]
     sessions: dict[str, dict]
     windows: list[FaultWindows]
+    traffic: list[TrafficEvent] = Field(default_factory=list)
 
 
 class Runner:
@@ -112,6 +166,7 @@ class Runner:
         self.lab, self.scenario, self.run_dir, self.say = lab, scenario, run_dir, on_event
         self.sessions: dict[str, Session] = {}
         self.events: list[FaultEvent] = []
+        self.traffic: list[TrafficEvent] = []
 
     def run(self) -> Report:
         sc = self.scenario
@@ -128,9 +183,18 @@ class Runner:
         try:
             for i, spec in enumerate(sc.traffic):
                 ident = f"{spec.kind}{i}"
+                # A late session's generators start now too, silent until their instant.
+                at = getattr(spec, "at", 0.0)
+                begin_ns = start_ns + int(at * 1e9)
                 self.sessions[ident] = make_session(self.lab, ident, self.run_dir, spec)
-                self.sessions[ident].start(sc.duration, start_ns)
-                self.say(f"traffic {ident} started")
+                self.sessions[ident].start(sc.duration - at, begin_ns)
+                started = TrafficEvent(
+                    id=ident, kind=spec.kind, spec=spec.model_dump(), start_ns=begin_ns
+                )
+                self.traffic.append(started)
+                with open(self.run_dir / "traffic.jsonl", "a") as f:
+                    f.write(started.model_dump_json() + "\n")
+                self.say(f"traffic {ident} started" + (f" (sends from t={at:g} s)" if at else ""))
             for fault in faults:
                 fault.prepare(start_ns + int(fault.spec.at * 1e9))
             self._sleep_until(t0)
@@ -228,9 +292,12 @@ class Runner:
             faults=self.events,
             sessions={k: s.result() for k, s in self.sessions.items()},
             windows=windows,
+            traffic=self.traffic,
         )
         (self.run_dir / "report.json").write_text(report.model_dump_json(indent=1))
         return report
 
 
-__all__ = ["FaultEvent", "GamingSpec", "Report", "Runner", "Scenario", "load_scenario"]
+__all__ = [
+    "FaultEvent", "GamingSpec", "Report", "Runner", "Scenario", "TrafficEvent", "load_scenario"
+]

@@ -40,26 +40,29 @@ class GamingSpec(_Spec):
     server: str = "gs1"
     client: str = "cl1"
     port: int = Field(49004, ge=1024, le=65535)
+    # A session that starts mid-scenario (a new player): its generators are started with the
+    # others, bound and silent, and begin sending `at` seconds after the traffic started.
+    at: float = Field(0.0, ge=0, description="seconds after the scenario's traffic started")
 
 
 class VideoCallSpec(_Spec):
     kind: Literal["video_call"] = "video_call"
     a: str = "apps"
-    b: str = "home"
+    b: str = "home1"
     port: int = Field(50004, ge=1024, le=65535)
 
 
 class WebSpec(_Spec):
     kind: Literal["web"] = "web"
     server: str = "apps"
-    client: str = "home"
+    client: str = "home1"
     port: int = Field(8080, ge=1024, le=65535)
 
 
 class BulkSpec(_Spec):
     kind: Literal["bulk"] = "bulk"
     src: str = "bulk"
-    dst: str = "home"
+    dst: str = "home1"
     flows: int = Field(4, ge=1, le=64)
     port: int = Field(5201, ge=1024, le=65535)
 
@@ -67,7 +70,7 @@ class BulkSpec(_Spec):
 class Ect1Spec(_Spec):
     kind: Literal["ect1"] = "ect1"
     src: str = "apps"
-    dst: str = "home"
+    dst: str = "home1"
     rate_mbit: float = Field(30.0, gt=0, le=1000)
     burst_packets: int = Field(4, ge=1, le=64)
     port: int = Field(51004, ge=1024, le=65535)
@@ -79,7 +82,7 @@ class L4sSpec(_Spec):
 
     kind: Literal["l4s"] = "l4s"
     src: str = "apps"
-    dst: str = "home"
+    dst: str = "home1"
     rate_mbit: float = Field(5.0, gt=0, le=1000)
     port: int = Field(53004, ge=1024, le=65535)
 
@@ -90,7 +93,7 @@ class UdpBurstSpec(_Spec):
 
     kind: Literal["udp_burst"] = "udp_burst"
     src: str = "apps"
-    dst: str = "home"
+    dst: str = "home1"
     rate_mbit: float = Field(80.0, gt=0, le=1000)
     burst_packets: int = Field(32, ge=1, le=256)
     port: int = Field(52004, ge=1024, le=65535)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import ipaddress
 from collections import deque
 from enum import StrEnum
+from itertools import pairwise
 from pathlib import Path
 
 from cgloop.lab.yamlfile import load_yaml_model
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DEFAULT_TOPOLOGY = "topology.yaml"
+DEFAULT_TOPOLOGY = "topology.yaml"  # lab v2: a core router, two edges, two homes
+V1_TOPOLOGY = "topology-v1.yaml"  # the first lab: one edge, one home
 
 
 class Role(StrEnum):
@@ -36,6 +38,11 @@ class Node(BaseModel):
     role: Role
 
 
+class Tier(StrEnum):
+    access = "access"  # a home's bottleneck (edge → cpe), managed by the edge's agent
+    core = "core"  # a core router's link towards an edge, managed by the core's agent
+
+
 class Bottleneck(BaseModel):
     """Shaping of a link: HTB on both ends' egress, one default leaf with a FIFO."""
 
@@ -44,6 +51,7 @@ class Bottleneck(BaseModel):
     down_mbit: float = Field(gt=0, description="rate of a→b (egress of a)")
     up_mbit: float = Field(gt=0, description="rate of b→a (egress of b)")
     limit_packets: int = Field(default=1000, ge=1, le=100_000)
+    tier: Tier = Tier.access
 
 
 class Link(BaseModel):
@@ -100,8 +108,12 @@ class Topology(BaseModel):
         for node in self.nodes:
             if node.role != Role.router and len(self.neighbours(node.name)) != 1:
                 raise ValueError(f"host {node.name!r} must have exactly one link (to its router)")
-        if len(self.bottlenecks()) > 1:
-            raise ValueError("at most one link may declare a bottleneck")
+        for link in self.bottlenecks():
+            if self.node(link.a).role != Role.router:
+                raise ValueError(
+                    f"shaped link {link.a}-{link.b}: its `a` end (the downstream sender) must be "
+                    "a router"
+                )
         return self
 
     def with_name(self, name: str) -> Topology:
@@ -133,14 +145,81 @@ class Topology(BaseModel):
         link = self.link_between(node, self.neighbours(node)[0])
         return link.addr_a if link.a == node else link.addr_b
 
+    def address_on(self, node: str, peer: str) -> ipaddress.IPv4Address:
+        """`node`'s address on its link to `peer` (a router's address facing that peer)."""
+        link = self.link_between(node, peer)
+        return link.addr_a if link.a == node else link.addr_b
+
     def bottlenecks(self) -> list[Link]:
+        """Every shaped link, whatever its tier."""
         return [link for link in self.links if link.bottleneck]
 
+    def access_links(self) -> list[Link]:
+        """The homes' bottlenecks (edge → cpe), in declaration order."""
+        return [
+            link for link in self.links
+            if link.bottleneck and link.bottleneck.tier == Tier.access
+        ]
+
+    def core_links(self) -> list[Link]:
+        """The shaped links of the core (core → edge), in declaration order."""
+        return [
+            link for link in self.links if link.bottleneck and link.bottleneck.tier == Tier.core
+        ]
+
     def bottleneck(self) -> Link:
-        found = self.bottlenecks()
+        """The first access bottleneck (the only one in a one-edge lab)."""
+        found = self.access_links()
         if not found:
             raise KeyError(f"topology {self.name!r} declares no bottleneck link")
         return found[0]
+
+    def path(self, src: str, dst: str) -> list[str]:
+        """The nodes a packet from `src` to `dst` visits, both ends included (breadth-first;
+        hosts do not forward)."""
+        self.node(src)
+        self.node(dst)
+        prev: dict[str, str | None] = {src: None}
+        queue = deque([src])
+        while queue:
+            cur = queue.popleft()
+            if cur == dst:
+                break
+            if cur != src and self.node(cur).role != Role.router:
+                continue
+            for nxt in self.neighbours(cur):
+                if nxt not in prev:
+                    prev[nxt] = cur
+                    queue.append(nxt)
+        if dst not in prev:
+            raise KeyError(f"no path from {src} to {dst} in topology {self.name!r}")
+        out: list[str] = [dst]
+        while (hop := prev[out[-1]]) is not None:
+            out.append(hop)
+        return out[::-1]
+
+    def shaped_hops(self, src: str, dst: str) -> list[tuple[str, str]]:
+        """The shaped egresses (node, interface) a packet from `src` to `dst` queues at."""
+        hops = self.path(src, dst)
+        out = []
+        for x, y in pairwise(hops):
+            if self.link_between(x, y).bottleneck:
+                out.append((x, y))
+        return out
+
+    def egress_mbit(self, node: str, peer: str) -> float | None:
+        """The shaped rate of `node`'s egress towards `peer`, None if the link is not shaped."""
+        link = self.link_between(node, peer)
+        if link.bottleneck is None:
+            return None
+        return link.bottleneck.down_mbit if link.a == node else link.bottleneck.up_mbit
+
+    def access_link_of(self, host: str) -> Link:
+        """The access bottleneck a host sits behind (its home's edge → cpe link)."""
+        for link in self.access_links():
+            if link.b in self.path(link.a, host)[1:]:
+                return link
+        raise KeyError(f"{host!r} is behind no access bottleneck in topology {self.name!r}")
 
     def routes(self, node: str) -> list[tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]]:
         """(destination, gateway) for every subnet `node` is not attached to.
@@ -181,7 +260,10 @@ class Topology(BaseModel):
         return out
 
 
-def load_topology(path: Path | None = None, name: str | None = None) -> Topology:
-    """The topology in `path` (YAML), or the shipped default; `name` overrides the lab name."""
-    topo = load_yaml_model(Topology, path, DEFAULT_TOPOLOGY, "topology")
+def load_topology(
+    path: Path | None = None, name: str | None = None, shipped: str = DEFAULT_TOPOLOGY
+) -> Topology:
+    """The topology in `path` (YAML), or the shipped file `shipped` (the v2 default, or
+    V1_TOPOLOGY); `name` overrides the lab name."""
+    topo = load_yaml_model(Topology, path, shipped, "topology")
     return topo.with_name(name) if name else topo
