@@ -1,26 +1,31 @@
-"""The edge node's part of the loop: where the probe and the agent attach, and the queues and
-active probes the agent sets up before the loop may act.
+"""The edge nodes' part of the loop: where each edge's probe and agent attach, and the queues,
+active probes and service chain each agent sets up before the loop may act.
 
-`EdgePlan` is read from the lab's topology and the scenario: the edge is the router on the
-bottleneck link's sending side, its bottleneck interface is named after the peer (`cpe`), the
+An `EdgePlan` per edge is read from the lab's topology and the scenario (`edge_plans`): an edge
+is the router on the sending side of a home bottleneck (a shaped link towards a home router,
+`cpeN`, behind which only hosts sit); its bottleneck interface is named after that peer, the
 probe watches every edge interface at ingress (each packet is seen once: downstream where it
-enters from a server, upstream where it enters from the access link), and the agent probes every
-gaming client through the bottleneck, once per class (DSCP 0 = best effort, DSCP 46 = the
-gaming class), so the loop can compare the queue a flow is in with the one it could move to.
+enters from the core, upstream where it enters from the access link), and the agent probes each
+gaming client behind that edge through the bottleneck, once per class (DSCP 0 = best effort,
+DSCP 46 = the gaming class), so the loop can compare the queue a flow is in with the one it
+could move to. The gaming class runs a service chain (`EdgePlan.chain`): basic functions in BPF,
+then `dpi` in user space behind AF_XDP, as CALVIN places them.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from cgloop.lab.scenario import Scenario
 from cgloop.lab.sessions import GamingSpec
-from cgloop.lab.topology import Topology
+from cgloop.lab.topology import Role, Topology
 from cgloop.slo import LAB
 from cgloop.slo import table as slo_table
 from cgloop.v1 import node_agent_pb2 as na
@@ -34,6 +39,9 @@ GAMING_CLASS = 0x00010020  # cloud gaming: served first, up to the link
 DEMOTED_CLASS = 0x00010030  # flows demoted by policy (L4S abusers): served last
 L4S_CLASS = 0x00010040  # low latency (L4S): ECT(1)/CE packets, RFC 9957 queue protection
 EF_DSCP = 46
+# The core the gaming chain's user-space function (dpi, AF_XDP) is pinned to: the scenario's
+# function-overload fault hogs it (loop/src/cgloop/loop/data/scenario.yaml).
+DPI_CORE = 1 if (os.cpu_count() or 1) > 1 else 0
 # The agent's queue monitor: a tick every millisecond, none acted on once 5 ms old.
 QUEUE_SAMPLE_US = 1000
 QUEUE_STALE_US = 5000
@@ -56,18 +64,35 @@ class EdgePlan:
     # notice), so the loop knows latency is over the SLO without waiting out the delay. The
     # lab's, from the SLO table (cgloop.slo); the closed loop sets its options' profile's.
     latency_slo_ms: float = field(default_factory=lambda: slo_table().latency_ms(LAB))
+    # The emulated sysfs trees the agent's power module writes (cgloop.loop.power; this VM has
+    # no cpufreq); None: the agent's defaults (the kernel's).
+    cpufreq_root: Path | None = None
+    cpuidle_root: Path | None = None
 
     @classmethod
     def from_lab(cls, topo: Topology, scenario: Scenario) -> EdgePlan:
-        link = topo.bottleneck()
-        assert link.bottleneck is not None
-        clients = sorted({t.client for t in scenario.traffic if isinstance(t, GamingSpec)})
-        return cls(
-            node=link.a,
-            bottleneck=link.b,
-            interfaces=sorted(topo.neighbours(link.a)),
-            link_mbit=link.bottleneck.down_mbit,
-            targets=[ProbeTarget(c, topo.address(c)) for c in clients],
+        """The first edge of the lab (`edge_plans`)."""
+        return edge_plans(topo, scenario)[0]
+
+    @property
+    def gaming_chain_id(self) -> str:
+        return f"{self.node}-gaming"
+
+    def chain(self) -> na.ServiceChain:
+        """The gaming class's service chain: header functions in BPF (EF marking, a rate limit
+        far above the class's demand that only a runaway flow meets), then `dpi` in user space
+        behind AF_XDP (it tags the lab's gaming payload EF as well). CALVIN's order: basic first,
+        the advanced one last (the agent refuses the opposite)."""
+        bps = int(self.link_mbit * 1e6)
+        return na.ServiceChain(
+            chain_id=self.gaming_chain_id,
+            traffic_class="gaming",
+            functions=[
+                na.ChainFunction(mark=na.Mark(dscp=EF_DSCP)),
+                na.ChainFunction(rate_limit=na.RateLimit(rate_bps=bps, burst_bytes=256 * 1024)),
+                na.ChainFunction(dpi=na.Dpi(depth=64, hex="00", mark_dscp=EF_DSCP),
+                                 core=DPI_CORE, instances=1),
+            ],
         )
 
     def hierarchy(self) -> na.QueueHierarchy:
@@ -128,6 +153,47 @@ class EdgePlan:
         return specs
 
 
+def home_routers(topo: Topology) -> dict[str, str]:
+    """{edge: its home router} for every shaped link from a router to a home router: a router
+    whose other neighbours are all hosts (`cpeN`, the clients behind it)."""
+    out = {}
+    for link in topo.bottlenecks():
+        a, b = topo.node(link.a), topo.node(link.b)
+        if a.role != Role.router or b.role != Role.router:
+            continue
+        behind = [n for n in topo.neighbours(b.name) if n != a.name]
+        if behind and all(topo.node(n).role != Role.router for n in behind):
+            out[a.name] = b.name
+    return out
+
+
+def edge_plans(topo: Topology, scenario: Scenario) -> list[EdgePlan]:
+    """One plan per edge node of the lab, in name order: its home bottleneck, its interfaces
+    and the gaming clients behind it (probed through it). A topology without a home bottleneck
+    is an error naming the lab."""
+    homes = home_routers(topo)
+    if not homes:
+        raise ValueError(
+            f"topology {topo.name!r} has no edge: no shaped link from a router to a home router"
+        )
+    gaming = sorted({t.client for t in scenario.traffic if isinstance(t, GamingSpec)})
+    plans = []
+    for edge, home in sorted(homes.items()):
+        link = topo.link_between(edge, home)
+        assert link.bottleneck is not None
+        # the link's `a` end sends its `down` rate: the edge's egress towards the home
+        mbit = link.bottleneck.down_mbit if link.a == edge else link.bottleneck.up_mbit
+        clients = [c for c in gaming if home in topo.neighbours(c)]
+        plans.append(EdgePlan(
+            node=edge,
+            bottleneck=home,
+            interfaces=sorted(topo.neighbours(edge)),
+            link_mbit=mbit,
+            targets=[ProbeTarget(c, topo.address(c)) for c in clients],
+        ))
+    return plans
+
+
 def agent_toml(
     plan: EdgePlan, journal: str, kafka_bootstrap: str, micro_loop: bool = True
 ) -> str:
@@ -175,8 +241,22 @@ def agent_toml(
         # sanctions are aggregated per flow over this interval: a finer one than the default
         # 100 ms, so the abuser's time to its first sanction is known within 20 ms
         "audit_interval_ms = 20",
+        *power_toml(plan.cpufreq_root, plan.cpuidle_root),
         "",
     ])
+
+
+def power_toml(cpufreq_root: Path | None, cpuidle_root: Path | None) -> list[str]:
+    """The agent's `[power]` section pointed at an emulated sysfs tree (nothing without one)."""
+    if cpufreq_root is None and cpuidle_root is None:
+        return []
+    q = json.dumps
+    lines = ["[power]"]
+    if cpufreq_root is not None:
+        lines.append(f"cpufreq_root = {q(str(cpufreq_root))}")
+    if cpuidle_root is not None:
+        lines.append(f"cpuidle_root = {q(str(cpuidle_root))}")
+    return lines
 
 
 def agent_channel(socket_path: str, credentials: grpc.ChannelCredentials) -> grpc.Channel:
@@ -206,6 +286,17 @@ def configure_agent(stub: NodeAgentServiceStub, plan: EdgePlan, run_id: str) -> 
             na.StartProbeRequest(action_id=f"{run_id}-probe-{spec.probe_id}", spec=spec),
             timeout=10,
         )
+
+
+def apply_chain(stub: NodeAgentServiceStub, plan: EdgePlan, run_id: str) -> na.ServiceChain:
+    """The gaming class's chain (`EdgePlan.chain`) through the agent; what it applied. A chain
+    the agent refuses is an error quoting its reason (nothing is half-applied: the agent swaps
+    a chain whole)."""
+    answer = stub.SetChain(
+        na.SetChainRequest(action_id=f"{run_id}-chain-{plan.node}", chain=plan.chain()),
+        timeout=20,
+    )
+    return answer.applied
 
 
 def wait_for_probe_records(stub: NodeAgentServiceStub, timeout_s: float = 10.0) -> None:

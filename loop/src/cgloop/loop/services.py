@@ -150,8 +150,9 @@ def probe_binary() -> Path:
     return find_binary("cgloop-probe")
 
 
-def group_ready(bootstrap: str, group: str) -> Callable[[], bool]:
-    """True once consumer group `group` is stable with partitions assigned to its members."""
+def group_ready(bootstrap: str, group: str, members: int = 1) -> Callable[[], bool]:
+    """True once consumer group `group` is stable with at least `members` members, partitions
+    assigned to them."""
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient
 
@@ -159,8 +160,9 @@ def group_ready(bootstrap: str, group: str) -> Callable[[], bool]:
 
     def ready() -> bool:
         desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
-        return desc.state == ConsumerGroupState.STABLE and any(
-            m.assignment.topic_partitions for m in desc.members
+        return (
+            desc.state == ConsumerGroupState.STABLE and len(desc.members) >= members
+            and any(m.assignment.topic_partitions for m in desc.members)
         )
 
     return ready

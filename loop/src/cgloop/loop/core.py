@@ -1,0 +1,135 @@
+"""The core router's part of the loop: the router that carries the game servers' traffic to the
+edges. Its node agent shapes each core→edge link (an HTB hierarchy the global loop can act on:
+best effort, where every flow starts, and a gaming class served first) and is the lab's INT
+source (`[int_export]`: Telemetry Report v2.0 postcards over UDP to the INT collector beside it
+on 127.0.0.1:32766, switch id 1); the ONOS driver addresses it as a switch (`device_id`).
+
+`CorePlan.from_lab` finds it in the topology: the router the edges (cgloop.loop.edge) reach
+other than their home routers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from cgloop.lab.topology import Role, Topology
+from cgloop.loop.edge import DEFAULT_CLASS, GAMING_CLASS, LINK_CLASS, home_routers
+from cgloop.v1 import node_agent_pb2 as na
+
+# The collector's default listener (docs/int-collector.md), in the core's namespace.
+INT_COLLECTOR = "127.0.0.1:32766"
+# The INT switch id of the core (Telemetry Report group header Node ID); exported as "1".
+INT_NODE_ID = 1
+# One packet in this many is reported (a postcard per sampled packet and hop).
+INT_SAMPLE_EVERY = 8
+# core→edge links the lab declares unshaped get this rate in the core's hierarchy.
+DEFAULT_CORE_MBIT = 200.0
+# The ONOS device id of the core "switch" (the contract server registers it).
+CORE_DEVICE_ID = "of:0000000000000001"
+
+
+@dataclass
+class CorePlan:
+    node: str
+    # {interface (named after the edge): its rate, Mbit/s}
+    edges: dict[str, float]
+    interfaces: list[str] = field(default_factory=list)
+    device_id: str = CORE_DEVICE_ID
+
+    @classmethod
+    def from_lab(cls, topo: Topology) -> CorePlan | None:
+        """The core router of the lab, or None for a lab without one (a single edge whose
+        servers attach to it directly)."""
+        homes = home_routers(topo)
+        cores: dict[str, dict[str, float]] = {}
+        for edge in homes:
+            for peer in topo.neighbours(edge):
+                if peer == homes[edge] or topo.node(peer).role != Role.router:
+                    continue
+                link = topo.link_between(peer, edge)
+                mbit = DEFAULT_CORE_MBIT
+                if link.bottleneck is not None:
+                    mbit = link.bottleneck.down_mbit if link.a == peer else link.bottleneck.up_mbit
+                cores.setdefault(peer, {})[edge] = mbit
+        if not cores:
+            return None
+        if len(cores) > 1:
+            raise ValueError(f"topology {topo.name!r}: more than one core router: {sorted(cores)}")
+        ((node, edges),) = cores.items()
+        return cls(node=node, edges=dict(sorted(edges.items())),
+                   interfaces=sorted(topo.neighbours(node)))
+
+    def hierarchies(self) -> list[na.QueueHierarchy]:
+        """One per core→edge interface, under the lab's link class 1:1: best effort 1:10 (the
+        default, half the link guaranteed) and gaming 1:20 (half, priority 0: served first),
+        both may borrow up to the link."""
+        out = []
+        burst = 64 * 1024
+        for interface, mbit in self.edges.items():
+            bps = int(mbit * 1e6)
+
+            def cls(name: str, cid: int, parent: int, rate: int, prio: int, bps=bps):
+                return na.HtbClass(
+                    name=name, class_id=cid, parent_class_id=parent, rate_bps=rate,
+                    ceil_bps=bps, priority=prio, burst_bytes=burst, cburst_bytes=burst,
+                )
+
+            out.append(na.QueueHierarchy(
+                interface_name=interface,
+                default_class_id=DEFAULT_CLASS,
+                classes=[
+                    cls("link", LINK_CLASS, 0, bps, 0),
+                    cls("best-effort", DEFAULT_CLASS, LINK_CLASS, bps // 2, 2),
+                    cls("gaming", GAMING_CLASS, LINK_CLASS, bps - bps // 2, 0),
+                ],
+            ))
+        return out
+
+
+def core_agent_toml(
+    plan: CorePlan, journal: str, kafka_bootstrap: str, int_export: bool = True
+) -> str:
+    """The core's agent: bounds to its core→edge interfaces, the 1 ms queue monitor (what INT
+    reports as hop latency and queue occupancy), no micro loop of its own, and, when the agent
+    supports it, `[int_export]` to the collector beside it."""
+    q = json.dumps
+    lines = [
+        f"node_id = {q(plan.node)}",
+        f"journal_path = {q(journal)}",
+        f"kafka_bootstrap = {q(kafka_bootstrap)}",
+        # its own AF_XDP port name (the edges' agents keep the default in their namespaces)
+        "[bounds]",
+        f"interfaces = [{', '.join(q(i) for i in plan.edges)}]",
+        "[queues]",
+        "sample_interval_us = 1000",
+        "stale_after_us = 5000",
+        "[queue_protection]",
+        "enabled = false",
+        "[guard]",
+        "enabled = false",
+    ]
+    if int_export:
+        lines += [
+            "[int_export]",
+            f"collector = {q(INT_COLLECTOR)}",
+            f"node_id = {INT_NODE_ID}",
+            f"interfaces = [{', '.join(q(i) for i in plan.edges)}]",
+            f"sample_every = {INT_SAMPLE_EVERY}",
+        ]
+    return "\n".join([*lines, ""])
+
+
+def int_collector_argv(binary: str, kafka_bootstrap: str, source_id: str) -> list[str]:
+    """The INT collector in the core's namespace: loopback listener (the core's agent is its
+    only sender), one worker (2-core lab VM), records to Kafka through the bridge there."""
+    return [
+        binary, "run", "--listen", INT_COLLECTOR, "--workers", "1",
+        "--kafka", kafka_bootstrap, "--source-id", source_id,
+    ]
+
+
+def agent_refuses_int_export(log_text: str) -> bool:
+    """The agent's start failed on `[int_export]` (an agent built before its INT source): its
+    configuration refuses unknown sections."""
+    return "int_export" in log_text and "unknown field" in log_text
