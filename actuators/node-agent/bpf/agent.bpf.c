@@ -9,10 +9,11 @@
  *                  token bucket, mirror. Each runs its step of the chain and tail-calls the next.
  *   cgl_fn_to_user the hand-over of a chain's advanced (payload) functions to user space:
  *                  tags the source MAC with (slot, ifindex) and redirects the frame to the
- *                  egress of the agent's AF_XDP veth port (src/advanced.rs).
+ *                  egress of the AF_XDP veth port of one instance (src/advanced.rs): a hash of
+ *                  the flow's 5-tuple (cgl_classify, cb[2]) picks it, so a flow stays whole.
  *   cgl_qmon_*     tp_btf at qdisc enqueue/dequeue: per-class sojourn (bpf/qmon.bpf.h); the
  *                  classifier's low-latency class rules are in bpf/qprot.bpf.h.
- *   cgl_xsk_rx     XDP on the port's peer: frames into the AF_XDP socket (XSKMAP).
+ *   cgl_xsk_rx     XDP on a port's peer: frames into that instance's AF_XDP socket (XSKMAP).
  *   cgl_adv_return tc ingress on the port: frames the user-space worker sent back get their
  *                  source MAC restored and CGL_ADV_MARK, and leave on their interface's egress.
  *
@@ -121,6 +122,22 @@ struct {
 	__type(value, __u32);
 } xsks SEC(".maps");
 
+/* Instance -> ifindex of its AF_XDP veth port (Natif's scale-out). Agent writes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CGL_MAX_ADV_INSTANCES);
+	__type(key, __u32);
+	__type(value, __u32);
+} adv_ports SEC(".maps");
+
+/* ifindex of a port's peer -> index of its instance's socket in xsks. Agent writes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, CGL_MAX_ADV_INSTANCES);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsk_of_if SEC(".maps");
+
 /* ifindex -> its own MAC, restored on frames coming back from user space. Agent writes. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -128,6 +145,25 @@ struct {
 	__type(key, __u32);
 	__type(value, struct cgl_mac);
 } adv_if_mac SEC(".maps");
+
+/* A hash of a flow's 5-tuple (the interface left out): which instance of the advanced
+ * functions gets the flow. Every packet of a flow has the same, so a flow never splits. */
+static __always_inline __u32 flow_hash(const struct cgl_flow_key *k)
+{
+	const __u32 *w = (const __u32 *)k->src;
+	__u32 h = 0x9e3779b9u ^ k->proto ^ ((__u32)k->sport << 16 | k->dport);
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 8; i++) {
+		h = (h ^ w[i]) * 0x01000193u;
+		h ^= h >> 15;
+	}
+	h ^= h >> 16;
+	h *= 0x85ebca6bu;
+	h ^= h >> 13;
+	return h;
+}
 
 #include "qmon.bpf.h"	/* queue monitor: tracepoints, qmon_queue_delay_ns() */
 #include "qprot.bpf.h"	/* L4S class: ECN rule, RFC 9957 queue protection, CE marking */
@@ -336,6 +372,7 @@ int cgl_classify(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	skb->cb[0] = *slot;
 	skb->cb[1] = 0;
+	skb->cb[2] = flow_hash(&p.key);
 	return next_fn(skb);
 }
 
@@ -449,6 +486,7 @@ int cgl_fn_to_user(struct __sk_buff *skb)
 	struct cgl_chain_fn *fn;
 	struct ethhdr *eth;
 	__u32 idx, slot = skb->cb[0];
+	__u32 n, instance, port, *p;
 	__u8 tag[6];
 
 	fn = this_fn(skb, &idx);
@@ -467,14 +505,30 @@ int cgl_fn_to_user(struct __sk_buff *skb)
 	tag[5] = skb->ifindex & 0xff;
 	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), tag, 6, 0))
 		return drop_counted(idx);
-	/* a = ifindex of the AF_XDP port; its peer's XDP program hands the frame to the worker. */
-	return bpf_redirect(fn->a, 0);
+	/* a = ifindex of instance 0's AF_XDP port, b = instances (0 or 1: one); the flow's hash
+	 * picks the instance, whose peer's XDP program hands the frame to its worker. */
+	n = fn->b;
+	if (n > CGL_MAX_ADV_INSTANCES)
+		n = CGL_MAX_ADV_INSTANCES;
+	port = fn->a;
+	if (n > 1) {
+		instance = skb->cb[2] % n;
+		p = bpf_map_lookup_elem(&adv_ports, &instance);
+		if (p && *p)
+			port = *p;
+	}
+	return bpf_redirect(port, 0);
 }
 
 SEC("xdp")
 int cgl_xsk_rx(struct xdp_md *ctx)
 {
-	return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS_);
+	/* Copy mode: a socket takes frames of the queue it is bound to only, so each instance
+	 * has its own port (one queue); its socket sits at the instance's index. */
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 *q = bpf_map_lookup_elem(&xsk_of_if, &ifindex);
+
+	return bpf_redirect_map(&xsks, q ? *q : ctx->rx_queue_index, XDP_PASS_);
 }
 
 SEC("tc")

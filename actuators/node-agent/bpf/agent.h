@@ -14,6 +14,8 @@
 #define CGL_MAX_CHAIN_SLOTS 512
 #define CGL_MAX_CHAIN_FNS 8
 #define CGL_KEEP 0xff
+/* Instances of the advanced functions (Natif's scale-out): AF_XDP ports/workers. */
+#define CGL_MAX_ADV_INSTANCES 16
 
 /* Basic chain functions; index into fn_progs. */
 enum cgl_fn_kind {

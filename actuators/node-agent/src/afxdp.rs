@@ -231,6 +231,11 @@ impl Xsk {
         self.fd.as_raw_fd()
     }
 
+    /// A second descriptor of the socket, for reading its statistics from another thread.
+    pub fn dup_fd(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
+    }
+
     /// Gives free frames to the kernel (fill ring).
     fn refill(&mut self) {
         let n = self.fill.free().min(self.free.len() as u32);
@@ -336,6 +341,21 @@ impl Xsk {
         self.refill();
         Ok((n, sent))
     }
+}
+
+/// Frames the kernel could not hand to the socket (XDP_STATISTICS, monotonic): its RX ring
+/// was full (`rx_ring_full`: the worker fell behind) or the fill ring had no free frame
+/// (`rx_dropped`: frames still in the worker's hands).
+pub fn rx_dropped(fd: i32) -> io::Result<u64> {
+    // SAFETY: zeroed is a valid xdp_statistics; the kernel fills it.
+    let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;
+    // SAFETY: st/len valid for writing.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::SOL_XDP, libc::XDP_STATISTICS, (&mut st as *mut libc::xdp_statistics).cast(), &mut len)
+    };
+    check(rc, "XDP_STATISTICS")?;
+    Ok(st.rx_dropped + st.rx_ring_full)
 }
 
 struct UmemGuard(*mut u8, usize);

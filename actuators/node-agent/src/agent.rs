@@ -459,42 +459,102 @@ impl Inner {
         };
         let next = 1 - active;
         let slot = pair * 2 + next;
-        let chains::Compiled { bpf: mut compiled, advanced } = compiled;
+        let chains::Compiled { bpf: mut compiled, advanced, instance_cores } = compiled;
+        let mut undo = None;
         if !advanced.is_empty() {
-            if self.advanced.is_none() {
-                let started = crate::advanced::Advanced::start(
+            let started = self.advanced.is_none();
+            if started {
+                let adv = crate::advanced::Advanced::start(
                     &self.dp,
                     &self.config.advanced_port,
                     self.config.advanced_busy_poll_us,
                     self.config.advanced_rt_priority,
                 )
                 .map_err(|e| AgentError::Kernel(e.context("starting the AF_XDP runtime of advanced functions")))?;
-                self.advanced = Some(started);
+                self.advanced = Some(adv);
             }
-            let Some(adv) = &self.advanced else { unreachable!("started above") };
-            let to_user = (compiled.len as usize).saturating_sub(1).min(datapath::MAX_CHAIN_FNS - 1);
-            compiled.fns[to_user].a = adv.port;
-            for &(ifindex, _) in &targets {
-                if ifindex > 0xffff {
-                    return Err(AgentError::Precondition(format!(
-                        "interface index {ifindex} does not fit the 16-bit tag of advanced functions"
-                    )));
+            let Some(adv) = self.advanced.as_mut() else { unreachable!("started above") };
+            // Natif's scale-out: the instances run and are pinned before the class points at
+            // the slot that uses them; a failure here or below leaves the previous chain.
+            let scaled = adv.scale(&self.dp, &instance_cores).map_err(|e| {
+                AgentError::Kernel(e.context(format!("running {} AF_XDP instance(s)", instance_cores.len())))
+            });
+            let scaled = match scaled {
+                Ok(u) => u,
+                Err(e) => {
+                    if started {
+                        self.advanced = None;
+                    }
+                    return Err(e);
                 }
-                let mac = self.rtnl.mac(ifindex).map_err(|e| AgentError::Kernel(e.into()))?;
-                self.dp.set_adv_if_mac(ifindex, mac).map_err(kernel("recording the interface address"))?;
+            };
+            let to_user = (compiled.len as usize).saturating_sub(1).min(datapath::MAX_CHAIN_FNS - 1);
+            compiled.fns[to_user].a = adv.port();
+            undo = Some((scaled, started));
+            let prepared = (|| {
+                for &(ifindex, _) in &targets {
+                    if ifindex > 0xffff {
+                        return Err(AgentError::Precondition(format!(
+                            "interface index {ifindex} does not fit the 16-bit tag of advanced functions"
+                        )));
+                    }
+                    let mac = self.rtnl.mac(ifindex).map_err(|e| AgentError::Kernel(e.into()))?;
+                    self.dp.set_adv_if_mac(ifindex, mac).map_err(kernel("recording the interface address"))?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = prepared {
+                self.undo_advanced(undo.take());
+                return Err(e);
             }
             // Published before the class points at the slot: a frame tagged with the new slot
             // always finds its functions.
-            adv.install(slot, crate::advanced::AdvChain { fns: advanced });
+            if let Some(adv) = &self.advanced {
+                adv.install(slot, crate::advanced::AdvChain { fns: advanced });
+            }
         }
-        for (ifindex, classid) in targets {
-            self.dp
-                .install_chain(ifindex, classid, slot, &compiled)
-                .map_err(kernel("installing the chain"))?;
+        // The class → slot stores, one per interface; if one fails, the interfaces already
+        // switched go back to the previous slot (or none), so the chain is the previous one.
+        let previous_slot = self.chain_slots.get(&chain.traffic_class).map(|&(p, a)| p * 2 + a);
+        for (done, &(ifindex, classid)) in targets.iter().enumerate() {
+            if let Err(e) = self.dp.install_chain(ifindex, classid, slot, &compiled) {
+                for &(ifi, cid) in &targets[..done] {
+                    if let Err(e) = self.dp.link_chain(ifi, cid, previous_slot) {
+                        tracing::error!("rolling chain {:?} back on ifindex {ifi}: {e:#}", chain.chain_id);
+                    }
+                }
+                self.undo_advanced(undo.take());
+                return Err(AgentError::Kernel(e.context("installing the chain")));
+            }
         }
         self.chain_slots.insert(chain.traffic_class.clone(), (pair, next));
         self.desired.chains.insert(chain.traffic_class.clone(), stored);
         Ok((Applied { changed, message }, previous))
+    }
+
+    /// Reverts what a failed chain change did to the AF_XDP runtime (instances it started or
+    /// re-pinned; the runtime itself when it started it).
+    fn undo_advanced(&mut self, undo: Option<(crate::advanced::Undo, bool)>) {
+        let Some((undo, started)) = undo else { return };
+        if started {
+            self.advanced = None;
+        } else if let Some(adv) = self.advanced.as_mut() {
+            adv.undo(&self.dp, undo);
+        }
+    }
+
+    /// The AF_XDP workers the chains in place use, with their functions' counters.
+    fn worker_readings(&self) -> Vec<crate::advanced::WorkerReading> {
+        let Some(adv) = &self.advanced else { return Vec::new() };
+        let slots: Vec<u32> = self.chain_slots.values().map(|&(pair, active)| pair * 2 + active).collect();
+        let used = self
+            .desired
+            .chains
+            .values()
+            .flat_map(|c| c.functions.iter().map(|f| chains::instance_cores(f).len()))
+            .max()
+            .unwrap_or(0);
+        adv.readings(&slots, used)
     }
 
     /// Re-points the classes of one interface at their chains (after its hierarchy changed).
@@ -641,6 +701,8 @@ impl Inner {
                 f.dropped_packets = c.dropped;
                 if let Some(asked) = chain.functions.get(pos) {
                     f.core = asked.core;
+                    f.instances = asked.instances;
+                    f.instance_cores = asked.instance_cores.clone();
                 }
             }
             // The hand-over step stands for the advanced functions behind it (user space).
@@ -648,12 +710,16 @@ impl Inner {
                 functions.pop();
                 if let Some(adv) = self.advanced.as_ref().and_then(|a| a.chain(slot)) {
                     for a in &adv.fns {
+                        let asked = chain.functions.get(functions.len());
+                        let (packets, dropped_packets) = a.totals();
                         functions.push(ChainFunction {
                             function: Some(a.f.function()),
                             kind: cgloop_proto::v1::FunctionKind::Advanced as i32,
-                            core: chain.functions.get(functions.len()).map_or(0, |f| f.core),
-                            packets: a.counters.packets.load(std::sync::atomic::Ordering::Relaxed),
-                            dropped_packets: a.counters.dropped.load(std::sync::atomic::Ordering::Relaxed),
+                            core: asked.map_or(0, |f| f.core),
+                            instances: asked.map_or(0, |f| f.instances),
+                            instance_cores: asked.map(|f| f.instance_cores.clone()).unwrap_or_default(),
+                            packets,
+                            dropped_packets,
                         });
                     }
                 }
@@ -1099,6 +1165,10 @@ impl crate::nodes::Source for Agent {
 
     fn power_cores(&self) -> Vec<CoreSample> {
         self.lock().power.state(&[]).map(|r| r.cores).unwrap_or_default()
+    }
+
+    fn workers(&self) -> Vec<crate::advanced::WorkerReading> {
+        self.lock().worker_readings()
     }
 
     /// The micro loop acts when the monitor reads its queues and the guard may move flows; the

@@ -7,7 +7,7 @@ use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use cgloop_proto::catalogue::{self, Value};
-use cgloop_proto::v1::{ChainFunction, ProtectedFlow, QueueHierarchy, ServiceChain};
+use cgloop_proto::v1::{ChainFunction, FunctionKind, ProtectedFlow, QueueHierarchy, ServiceChain};
 
 use crate::config::Bounds;
 use crate::error::{AgentError, AgentResult};
@@ -171,6 +171,7 @@ impl<'a> Guard<'a> {
             self.core(&format!("{at}: core"), f.core)?;
         }
         let Some(func) = f.function.as_ref() else { return Ok(()) }; // chains::validate names it
+        self.instances(&at, catalogue::spec(func).kind, f)?;
         for (param, value) in catalogue::values(func) {
             match value {
                 Value::Str(name) if param.interface => {
@@ -180,6 +181,41 @@ impl<'a> Guard<'a> {
                     self.rate(&format!("{at}: parameter {}", param.name), bps)?;
                 }
                 _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Guard<'_> {
+    /// Natif's scale-out of one function: `instances` only for an advanced function and within
+    /// `[bounds] max_function_instances`, `instance_cores` empty or one core per instance, each
+    /// core (0: not pinned) online and within `[bounds] cores`.
+    fn instances(&self, at: &str, kind: FunctionKind, f: &ChainFunction) -> AgentResult<()> {
+        let max = self.bounds.max_function_instances;
+        if f.instances > 1 && kind != FunctionKind::Advanced {
+            invalid!(
+                "{at}: instances {} is not within 0..1: only advanced functions scale out (a \
+                 basic function runs in BPF on every core that receives the packet)",
+                f.instances
+            );
+        }
+        if f.instances > max {
+            invalid!(
+                "{at}: instances {} is not within 0..{max} (the agent's [bounds] max_function_instances)",
+                f.instances
+            );
+        }
+        let n = f.instances.max(1) as usize;
+        if !f.instance_cores.is_empty() && f.instance_cores.len() != n {
+            invalid!(
+                "{at}: instance_cores has {} entries; give one core per instance ({n}) or none",
+                f.instance_cores.len()
+            );
+        }
+        for (i, &core) in f.instance_cores.iter().enumerate() {
+            if core != 0 {
+                self.core(&format!("{at}: instance_cores[{i}]"), core)?;
             }
         }
         Ok(())
@@ -320,6 +356,41 @@ mod tests {
         assert!(e.to_string().contains("core 9999") && e.to_string().contains("\"dpi\""), "{e}");
         let pinned = ChainFunction { core: 1, ..dpi };
         g.chain(&chain(vec![pinned])).unwrap();
+    }
+
+    /// Natif's scale-out: instances only for advanced functions, within the bound, one core
+    /// per instance, each core on the node and within the core bound.
+    #[test]
+    fn instances_and_their_cores_are_checked_by_field() {
+        let b = Bounds { max_function_instances: 4, cores: vec![0, 1], ..Bounds::default() };
+        let g = Guard::with_cpus(&b, vec![0, 1, 2]);
+        let dpi = func(
+            Function::Dpi(Dpi {
+                pattern: Some(dpi::Pattern::Text("x".into())),
+                depth: None,
+                on_match: Some(dpi::OnMatch::MarkDscp(1)),
+            }),
+            FunctionKind::Advanced,
+            0,
+        );
+        let rate = func(Function::RateLimit(RateLimit { rate_bps: 8_000_000, burst_bytes: 3000 }), FunctionKind::Basic, 0);
+        let scaled = |f: &ChainFunction, instances, cores: Vec<u32>| ChainFunction { instances, instance_cores: cores, ..f.clone() };
+        for ok in [scaled(&dpi, 2, vec![0, 1]), scaled(&dpi, 4, vec![]), scaled(&dpi, 0, vec![1]), scaled(&rate, 1, vec![])] {
+            g.chain(&chain(vec![ok])).unwrap();
+        }
+        let cases = [
+            (scaled(&rate, 2, vec![]), "#0 \"rate_limit\": instances 2 is not within 0..1: only advanced functions scale out"),
+            (scaled(&dpi, 5, vec![]), "#0 \"dpi\": instances 5 is not within 0..4 (the agent's [bounds] max_function_instances)"),
+            (scaled(&dpi, 2, vec![1]), "#0 \"dpi\": instance_cores has 1 entries; give one core per instance (2) or none"),
+            (scaled(&dpi, 0, vec![0, 1]), "instance_cores has 2 entries; give one core per instance (1) or none"),
+            (scaled(&dpi, 2, vec![1, 9]), "#0 \"dpi\": instance_cores[1]: core 9 does not exist on this node (online CPUs: 0-2)"),
+        ];
+        for (f, want) in cases {
+            let e = g.chain(&chain(vec![f])).unwrap_err();
+            assert!(matches!(e, AgentError::Invalid(_)) && e.to_string().contains(want), "{want}: {e}");
+        }
+        let e = g.chain(&chain(vec![scaled(&dpi, 2, vec![1, 2])])).unwrap_err();
+        assert!(matches!(e, AgentError::Forbidden(_)) && e.to_string().contains("instance_cores[1]: core 2 is not in"), "{e}");
     }
 
     #[test]

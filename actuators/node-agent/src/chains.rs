@@ -30,6 +30,16 @@ pub trait Interfaces {
 pub struct Compiled {
     pub bpf: Chain,
     pub advanced: Vec<crate::advanced::AdvFn>,
+    /// Natif's scale-out of the advanced suffix: the core of each instance (0: not pinned),
+    /// one entry per instance; empty without advanced functions.
+    pub instance_cores: Vec<u32>,
+}
+
+/// The instances a function asks for (0 or 1: one) and the core of each: `instance_cores`, or
+/// `core` for every instance when it is empty (Guard::chain checked both).
+pub fn instance_cores(f: &ChainFunction) -> Vec<u32> {
+    let n = f.instances.max(1) as usize;
+    if f.instance_cores.is_empty() { vec![f.core; n] } else { f.instance_cores.clone() }
 }
 
 fn kind_name(kind: FunctionKind) -> &'static str {
@@ -89,6 +99,7 @@ pub fn compile(chain: &ServiceChain, guard: &Guard, ifs: &dyn Interfaces) -> Age
     }
     let mut out = Chain { len: chain.functions.len() as u32, ..Default::default() };
     let mut advanced = Vec::new();
+    let mut cores: Vec<u32> = Vec::new();
     for (pos, (func, kind)) in checked.into_iter().enumerate() {
         let name = catalogue::spec(func).name;
         if kind == FunctionKind::Advanced {
@@ -96,10 +107,13 @@ pub fn compile(chain: &ServiceChain, guard: &Guard, ifs: &dyn Interfaces) -> Age
                 out.fns[pos] = ChainFn { kind: FnKind::ToUser as u32, ..Default::default() };
                 out.len = pos as u32 + 1;
             }
-            advanced.push(crate::advanced::AdvFn {
-                f: crate::payload::build(func, pos)?,
-                counters: Default::default(),
-            });
+            advanced.push(crate::advanced::AdvFn::new(crate::payload::build(func, pos)?));
+            // The advanced functions of a chain run together on each instance (a frame goes to
+            // user space once): the suffix runs on as many as the function asking most.
+            let asked = instance_cores(&chain.functions[pos]);
+            if asked.len() > cores.len() {
+                cores = asked;
+            }
             continue;
         }
         if !advanced.is_empty() {
@@ -116,7 +130,10 @@ pub fn compile(chain: &ServiceChain, guard: &Guard, ifs: &dyn Interfaces) -> Age
         };
         out.fns[pos] = bpf?;
     }
-    Ok(Compiled { bpf: out, advanced })
+    if let Some(i) = out.fns.iter().position(|f| f.kind == FnKind::ToUser as u32).filter(|_| !advanced.is_empty()) {
+        out.fns[i].b = cores.len() as u32;
+    }
+    Ok(Compiled { bpf: out, advanced, instance_cores: cores })
 }
 
 /// The BPF form of a header-only function (parameters already checked against the catalogue);
@@ -297,6 +314,34 @@ mod tests {
         // A basic function after an advanced one would have to come back to BPF: refused.
         let err = refusal(&chain(vec![dpi, acl]));
         assert!(err.contains("CALVIN") && err.contains("follows an advanced"), "{err}");
+    }
+
+    /// Natif's scale-out: the hand-over step carries the instances (b), one core per instance,
+    /// `core` for each when instance_cores is empty.
+    #[test]
+    fn the_advanced_suffix_runs_on_the_instances_asked() {
+        let dpi = |instances, core, cores: Vec<u32>| ChainFunction {
+            instances,
+            core,
+            instance_cores: cores,
+            ..func(dpi_fn(), FunctionKind::Advanced)
+        };
+        let mark = func(mark(Some(46)), FunctionKind::Basic);
+        for (f, cores) in [
+            (dpi(0, 0, vec![]), vec![0]),
+            (dpi(1, 1, vec![]), vec![1]),
+            (dpi(2, 1, vec![]), vec![1, 1]),
+            (dpi(2, 0, vec![1, 0]), vec![1, 0]),
+        ] {
+            let c = compile(&chain(vec![mark.clone(), f]), &any(), &NoIfs).unwrap();
+            assert_eq!(c.bpf.fns[1].kind, FnKind::ToUser as u32);
+            assert_eq!(c.bpf.fns[1].b as usize, cores.len());
+            assert_eq!(c.instance_cores, cores);
+        }
+        // Two advanced functions: the suffix runs on the larger count, pinned as its function asks.
+        let c = compile(&chain(vec![dpi(1, 1, vec![]), dpi(2, 0, vec![0, 1])]), &any(), &NoIfs).unwrap();
+        assert_eq!((c.bpf.fns[0].b, c.instance_cores.clone()), (2, vec![0, 1]));
+        assert!(compile(&chain(vec![mark]), &any(), &NoIfs).unwrap().instance_cores.is_empty());
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct Bounds {
     pub max_flow_rules: usize,
     pub max_chain_functions: usize,
     pub max_chains: usize,
+    /// Most instances an advanced chain function may ask for (ChainFunction.instances; each
+    /// one an AF_XDP port and a worker thread), 1..16.
+    pub max_function_instances: u32,
     /// Largest drop fraction an impairment may set.
     pub max_drop_fraction: f64,
     pub max_impairments: usize,
@@ -44,6 +47,7 @@ impl Default for Bounds {
             max_flow_rules: 65_536,
             max_chain_functions: 8,
             max_chains: 128,
+            max_function_instances: 4,
             max_drop_fraction: 0.5,
             max_impairments: 1024,
             min_probe_interval_ns: 1_000_000,
@@ -389,10 +393,23 @@ impl Config {
             "bounds.max_chain_functions exceeds the datapath's {}",
             crate::datapath::MAX_CHAIN_FNS
         );
+        anyhow::ensure!(
+            (1..=crate::datapath::MAX_ADV_INSTANCES as u32).contains(&b.max_function_instances),
+            "bounds.max_function_instances must be within 1..{}",
+            crate::datapath::MAX_ADV_INSTANCES
+        );
         anyhow::ensure!(!self.node_id.is_empty(), "node_id must not be empty");
         anyhow::ensure!(
             !self.advanced_port.is_empty() && self.advanced_port.len() <= 14,
             "advanced_port must have 1..14 characters (its peer adds \"p\")"
+        );
+        let last = crate::advanced::port_name(&self.advanced_port, b.max_function_instances as usize - 1);
+        anyhow::ensure!(
+            last.len() < 15,
+            "advanced_port {:?}: the port of instance {} would be {last:?}p, beyond 15 characters; \
+             shorten it or lower bounds.max_function_instances",
+            self.advanced_port,
+            b.max_function_instances - 1
         );
         anyhow::ensure!(
             self.node_sample_interval_ms == 0 || self.node_sample_interval_ms >= 10,
@@ -431,6 +448,22 @@ mod tests {
     fn unknown_keys_are_refused_by_name() {
         let err = toml::from_str::<Config>("node_id = \"a\"\n[bounds]\nmax_rate = 5\n").unwrap_err();
         assert!(err.to_string().contains("max_rate"), "{err}");
+    }
+
+    #[test]
+    fn function_instances_are_bounded_and_fit_the_port_names() {
+        let mut c = Config::default();
+        assert_eq!(c.bounds.max_function_instances, 4);
+        c.check().unwrap();
+        c.bounds.max_function_instances = 17;
+        assert!(c.check().unwrap_err().to_string().contains("bounds.max_function_instances must be within 1..16"));
+        c.bounds.max_function_instances = 10;
+        c.advanced_port = "abcdefghijkl".into(); // "abcdefghijkl-9p": 15 characters, the most
+        c.check().unwrap();
+        c.advanced_port = "abcdefghijklm".into();
+        assert!(c.check().unwrap_err().to_string().contains("\"abcdefghijklm-9\"p"));
+        c.bounds.max_function_instances = 1;
+        c.check().unwrap();
     }
 
     #[test]

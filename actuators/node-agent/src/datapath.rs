@@ -27,6 +27,8 @@ use skel::types::{cgl_class_key, cgl_dscp_key, cgl_fn_counters, cgl_flow_counter
 pub const KEEP: u32 = 0xff;
 pub const MAX_CHAIN_FNS: usize = 8;
 pub const MAX_CHAIN_SLOTS: u32 = 512;
+/// Instances of the advanced functions (CGL_MAX_ADV_INSTANCES in bpf/agent.h).
+pub const MAX_ADV_INSTANCES: usize = 16;
 /// tc filter handle and priority of the classifier on clsact egress ("cgl").
 const TC_HANDLE: u32 = 0xc61;
 const TC_PRIORITY: u32 = 1;
@@ -40,7 +42,8 @@ pub enum FnKind {
     Mark = 2,
     Rate = 3,
     Mirror = 4,
-    /// Hand-over to the user-space advanced functions (AF_XDP); a = the port's ifindex.
+    /// Hand-over to the user-space advanced functions (AF_XDP); a = instance 0's port ifindex,
+    /// b = instances (a hash of the flow picks one; `adv_ports` has their ports).
     ToUser = 5,
 }
 
@@ -76,6 +79,8 @@ pub struct Datapath {
     _fn_prog_fds: Vec<OwnedFd>,
     /// AF_XDP: the XSKMAP, ifindex -> MAC for the return path, and the two port programs.
     pub xsks: MapHandle,
+    adv_ports: MapHandle,
+    xsk_of_if: MapHandle,
     adv_if_mac: MapHandle,
     xsk_rx: OwnedFd,
     adv_return: OwnedFd,
@@ -192,6 +197,8 @@ impl Datapath {
             _fn_progs: fn_progs,
             _fn_prog_fds: fn_prog_fds,
             xsks: handle(&skel.maps.xsks, "xsks")?,
+            adv_ports: handle(&skel.maps.adv_ports, "adv_ports")?,
+            xsk_of_if: handle(&skel.maps.xsk_of_if, "xsk_of_if")?,
             adv_if_mac: handle(&skel.maps.adv_if_mac, "adv_if_mac")?,
             xsk_rx: skel.progs.cgl_xsk_rx.as_fd().try_clone_to_owned().context("dup fd")?,
             adv_return: skel.progs.cgl_adv_return.as_fd().try_clone_to_owned().context("dup fd")?,
@@ -253,6 +260,27 @@ impl Datapath {
         hook.create().with_context(|| format!("creating clsact on ifindex {port}"))?;
         hook.attach().with_context(|| format!("attaching cgl_adv_return on ifindex {port} ingress"))?;
         Ok(())
+    }
+
+    /// Wires instance `i` of the advanced functions: its port (where `cgl_fn_to_user` sends the
+    /// flows whose hash picks it), its peer and the AF_XDP socket bound to the peer's queue 0.
+    pub fn set_adv_instance(&self, i: u32, port: u32, peer: u32, xsk_fd: i32) -> Result<()> {
+        self.xsks
+            .update(&i.to_ne_bytes(), &(xsk_fd as u32).to_ne_bytes(), MapFlags::ANY)
+            .with_context(|| format!("xsks update (instance {i})"))?;
+        self.xsk_of_if
+            .update(&peer.to_ne_bytes(), &i.to_ne_bytes(), MapFlags::ANY)
+            .with_context(|| format!("xsk_of_if update (instance {i})"))?;
+        self.adv_ports
+            .update(&i.to_ne_bytes(), &port.to_ne_bytes(), MapFlags::ANY)
+            .with_context(|| format!("adv_ports update (instance {i})"))
+    }
+
+    /// Forgets instance `i` (its port is gone); no slot in use points at it.
+    pub fn clear_adv_instance(&self, i: u32, peer: u32) {
+        let _ = self.adv_ports.update(&i.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY);
+        let _ = self.xsk_of_if.delete(&peer.to_ne_bytes());
+        let _ = self.xsks.delete(&i.to_ne_bytes());
     }
 
     /// The MAC the return path restores on frames of `ifindex`.

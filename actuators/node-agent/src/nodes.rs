@@ -2,8 +2,10 @@
 //! id): every `node_sample_interval_ms` the agent reads per-core CPU time from `/proc/stat`
 //! (utilization = busy share of the interval), the cpufreq/cpuidle state of the cores where the
 //! node has them, and the packet counters of every chain function (BPF and AF_XDP) from its own
-//! state. The analytics overload detector reads `cores[].utilization` and
-//! `functions[].packets` (analytics/src/cgloop/analytics/detectors/overload.py).
+//! state: a BPF function once, an advanced (AF_XDP) function once per instance, with the
+//! share of the interval its worker spent processing frames (`busy_ratio`) and the frames its
+//! socket lost to a full ring (`rx_dropped`). The analytics overload detector reads
+//! `cores[].utilization` and `functions[].packets`.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,8 @@ use cgloop_proto::v1::{
 };
 use prost::Message;
 use rdkafka::producer::BaseRecord;
+
+use crate::advanced::WorkerReading;
 
 /// Busy and total jiffies of one CPU (`cpuN` line of /proc/stat).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,19 +61,52 @@ pub fn utilization(prev: &BTreeMap<u32, CpuTimes>, cur: &BTreeMap<u32, CpuTimes>
         .collect()
 }
 
+/// Busy share of an AF_XDP worker between two readings (busy ns, monotonic ns): 0..1; None
+/// without a previous reading or without time between them.
+pub fn busy_ratio(prev: Option<(u64, u64)>, busy_ns: u64, at_ns: u64) -> Option<f64> {
+    let (prev_busy, prev_at) = prev?;
+    let wall = at_ns.checked_sub(prev_at).filter(|&w| w > 0)?;
+    Some((busy_ns.saturating_sub(prev_busy) as f64 / wall as f64).clamp(0.0, 1.0))
+}
+
+/// Previous busy readings per AF_XDP instance: (busy ns, monotonic ns).
+pub type BusyHistory = BTreeMap<u32, (u64, u64)>;
+
 /// Chain functions of a node state as counters, summed per function name (the detector's
-/// capacities are per name).
-pub fn functions(state: &NodeState) -> Vec<FunctionCounters> {
-    let mut by_name: BTreeMap<String, FunctionCounters> = BTreeMap::new();
+/// capacities are per name); an advanced function the workers report appears once per
+/// instance instead (instance, core, busy_ratio since the previous call, rx_dropped).
+pub fn functions(state: &NodeState, workers: &[WorkerReading], history: &mut BusyHistory) -> Vec<FunctionCounters> {
+    let per_instance: Vec<&str> =
+        workers.iter().flat_map(|w| w.functions.iter().map(|(n, _, _)| n.as_str())).collect();
+    let mut by_name: BTreeMap<(String, u32), FunctionCounters> = BTreeMap::new();
     for chain in &state.chains {
         for f in &chain.functions {
-            let e = by_name.entry(f.name().to_string()).or_insert_with(|| FunctionCounters {
+            if per_instance.contains(&f.name()) {
+                continue;
+            }
+            let e = by_name.entry((f.name().to_string(), 0)).or_insert_with(|| FunctionCounters {
                 function_name: f.name().to_string(),
                 core: f.core,
                 ..Default::default()
             });
             e.packets += f.packets;
             e.forwarded_packets += f.packets.saturating_sub(f.dropped_packets);
+        }
+    }
+    for w in workers {
+        let ratio = busy_ratio(history.get(&w.instance).copied(), w.busy_ns, w.at_ns);
+        history.insert(w.instance, (w.busy_ns, w.at_ns));
+        for (name, packets, dropped) in &w.functions {
+            let e = by_name.entry((name.clone(), w.instance)).or_insert_with(|| FunctionCounters {
+                function_name: name.clone(),
+                core: w.core,
+                instance: w.instance,
+                busy_ratio: ratio,
+                rx_dropped: w.rx_dropped,
+                ..Default::default()
+            });
+            e.packets += packets;
+            e.forwarded_packets += packets.saturating_sub(*dropped);
         }
     }
     by_name.into_values().collect()
@@ -83,6 +120,8 @@ pub fn sample(
     util: &BTreeMap<u32, f64>,
     power_cores: &[CoreSample],
     state: &NodeState,
+    workers: &[WorkerReading],
+    history: &mut BusyHistory,
 ) -> NodeSample {
     let now = cgloop_proto::host::now_ns();
     let cores = util
@@ -105,7 +144,7 @@ pub fn sample(
         }),
         node_id: node_id.to_string(),
         cores,
-        functions: functions(state),
+        functions: functions(state, workers, history),
         power_watts: None,
         energy_joules: None,
         queues: Vec::new(),
@@ -117,6 +156,10 @@ pub fn sample(
 pub trait Source: Send + Sync + 'static {
     fn node_state(&self) -> Option<NodeState>;
     fn power_cores(&self) -> Vec<CoreSample>;
+    /// Cumulative readings of the AF_XDP workers the chains use (src/advanced.rs).
+    fn workers(&self) -> Vec<WorkerReading> {
+        Vec::new()
+    }
     /// Queue samples since the previous call and the micro loop's status (src/qmon.rs).
     fn queues(&self) -> (Vec<QueueSample>, Option<MicroLoopStatus>) {
         (Vec::new(), None)
@@ -149,6 +192,7 @@ pub fn start(
             let read = || std::fs::read_to_string("/proc/stat").map_err(anyhow::Error::from).and_then(|t| parse_proc_stat(&t));
             let mut prev = read().unwrap_or_default();
             let mut seq = 0u64;
+            let mut history = BusyHistory::new();
             loop {
                 std::thread::sleep(interval);
                 let cur = match read() {
@@ -162,7 +206,8 @@ pub fn start(
                 prev = cur;
                 let state = source.node_state().unwrap_or_default();
                 seq += 1;
-                let mut s = sample(&node_id, seq, &util, &source.power_cores(), &state);
+                let workers = source.workers();
+                let mut s = sample(&node_id, seq, &util, &source.power_cores(), &state, &workers, &mut history);
                 (s.queues, s.micro_loop) = source.queues();
                 name_classes(&mut s.queues, &state);
                 let payload = NodeSampleBatch { records: vec![s] }.encode_to_vec();
@@ -241,10 +286,58 @@ mod tests {
             ],
             ..Default::default()
         };
-        let s = sample("n1", 7, &BTreeMap::from([(0, 0.5)]), &[], &state);
+        let s = sample("n1", 7, &BTreeMap::from([(0, 0.5)]), &[], &state, &[], &mut BusyHistory::new());
         assert_eq!(s.header.as_ref().map(|h| (h.sequence, h.source_id.as_str())), Some((7, "n1/node-agent")));
         assert_eq!(s.cores[0].utilization, 0.5);
         let dpi = s.functions.iter().find(|f| f.function_name == "dpi").unwrap();
         assert_eq!((dpi.packets, dpi.forwarded_packets), (10, 9));
+    }
+
+    #[test]
+    fn busy_ratio_is_the_busy_share_of_the_interval() {
+        assert_eq!(busy_ratio(None, 5, 10), None, "no previous reading");
+        assert_eq!(busy_ratio(Some((0, 10)), 5, 10), None, "no time between readings");
+        assert_eq!(busy_ratio(Some((0, 20)), 5, 10), None, "the clock went back");
+        let r = busy_ratio(Some((1_000_000, 0)), 251_000_000, 1_000_000_000).unwrap();
+        assert!((r - 0.25).abs() < 1e-12, "{r}");
+        assert_eq!(busy_ratio(Some((0, 0)), 3_000, 1_000), Some(1.0), "capped at 1");
+        assert_eq!(busy_ratio(Some((9, 0)), 5, 1_000), Some(0.0), "a counter reset reads idle");
+    }
+
+    #[test]
+    fn advanced_functions_are_reported_per_instance() {
+        use cgloop_proto::v1::chain_function::Function;
+        use cgloop_proto::v1::{Dpi, Mark};
+        let f = |function, packets, dropped| ChainFunction {
+            function: Some(function),
+            packets,
+            dropped_packets: dropped,
+            ..Default::default()
+        };
+        let state = NodeState {
+            chains: vec![ServiceChain {
+                functions: vec![f(Function::Mark(Mark::default()), 30, 0), f(Function::Dpi(Dpi::default()), 30, 3)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let w = |instance, core, busy_ns, at_ns, packets, dropped| WorkerReading {
+            instance,
+            core,
+            busy_ns,
+            at_ns,
+            rx_dropped: 7 * instance as u64,
+            functions: vec![("dpi".into(), packets, dropped)],
+        };
+        let mut history = BusyHistory::new();
+        let first = functions(&state, &[w(0, 0, 100, 1_000, 10, 1), w(1, 1, 0, 1_000, 20, 2)], &mut history);
+        let names: Vec<(&str, u32)> = first.iter().map(|c| (c.function_name.as_str(), c.instance)).collect();
+        assert_eq!(names, [("dpi", 0), ("dpi", 1), ("mark", 0)]);
+        assert_eq!((first[1].packets, first[1].forwarded_packets, first[1].core, first[1].rx_dropped), (20, 18, 1, 7));
+        assert_eq!(first[0].busy_ratio, None, "no interval yet");
+        assert_eq!(first[2].busy_ratio, None, "BPF functions have none");
+        let second = functions(&state, &[w(0, 0, 600, 2_000, 15, 1), w(1, 1, 250, 2_000, 40, 2)], &mut history);
+        assert_eq!(second[0].busy_ratio, Some(0.5));
+        assert_eq!(second[1].busy_ratio, Some(0.25));
     }
 }
