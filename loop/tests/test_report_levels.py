@@ -72,10 +72,11 @@ StoreWriter(client, columnar=False).insert(
     KINDS[ACTIONS.name], [a.ActionBatch(events=events).SerializeToString()], "t")
 local = node_timeline(client, ONSET, ONSET + 4000 * MS, "edge")
 other = node_timeline(client, ONSET, ONSET + 4000 * MS, "elsewhere")
-engine_only = {"applied_ns": ONSET + 155 * MS, "level": "micro",
+several = node_timeline(client, ONSET, ONSET + 4000 * MS, ["elsewhere", "edge"])
+engine_only = {"applied_ns": ONSET + 155 * MS, "level": "micro", "node": "edge",
                "action": "reprioritise_flow class_id=65568"}
 print(json.dumps({
-    "local": local, "other": other,
+    "local": local, "other": other, "several": several,
     "first": first_lever(engine_only, local, ONSET),
     "engine_first": first_lever(engine_only, other, ONSET),
     "placed": node_placed_at(client, ONSET, "edge"),
@@ -107,13 +108,16 @@ def test_first_lever_and_its_level(tmp_path: Path) -> None:
     assert local["first_promotion_ns"] == onset + 45 * ms
     assert out["first"] == {
         "first_ns": onset + 31 * ms, "first_level": "node",
-        "first_lever": "queue_protection_sanction",
+        "first_lever": "queue_protection_sanction", "first_node": "edge",
     }
     # another node's agent did nothing: the engine's action is the first lever
     assert out["other"] == {"node_actions": []}
     assert out["engine_first"] == {
         "first_ns": onset + 155 * ms, "first_level": "micro", "first_lever": "reprioritise_flow",
+        "first_node": "edge",
     }
+    # the loop reads every edge's agent at once: the one that acted is named
+    assert out["several"] == local
 
     # the flows the guard held promoted when the fault began: 49104 promoted 50 ms before onset
     # (49304 promoted then released; 49404 moved by the engine, not the node)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from cgloop.loop.report import FaultOutcome, Latency, LoopReport, print_report
+from cgloop.loop.report import FaultOutcome, Latency, Lever, LoopReport, print_report
 from rich.console import Console
 
 MS = 1_000_000
@@ -23,14 +23,22 @@ def _report() -> LoopReport:
         affected=True, recovered_ns=1234 * MS, detection_ns=45 * MS,
         detection_kind="slo_latency", decision_ns=60 * MS, applied_ns=70 * MS,
         verified_ns=1900 * MS, verdict=VERDICT, action=LONG_ACTION, first_level="node",
-        first_lever=LONG_LEVER, first_ns=12 * MS, before=Latency(p99_ms=3.2),
-        during=Latency(p99_ms=1234.5), after=Latency(p99_ms=4.1),
+        first_lever=LONG_LEVER, first_node="edge1", first_ns=12 * MS,
+        before=Latency(p99_ms=3.2), during=Latency(p99_ms=1234.5), after=Latency(p99_ms=4.1),
+        levers=[
+            Lever(operation=LONG_ACTION, level="micro", node="edge1",
+                  verdict="verified (improved)"),
+            Lever(operation="onos_flow_rule", level="global", node="of:0000000000000001",
+                  verdict="failed"),
+        ],
+        node_actions=[(12.0, "queue_protection_sanction", "1>2"), (13.0, "release", "1>2")],
     )
     quiet = o.model_copy(update={"fault": "flood", "kind": "congestion", "affected": False})
     rows = {"flows": 123456, "packets": 9999999, "detections": 1234, "actions": 88,
             "action_results": 77, "int_reports": 123456789, "queue_samples": 99999}
     return LoopReport(run_dir="/run", slo_p99_ms=20, loop="two-level loop",
-                      faults=[o, quiet], gaming_flows_classified=3, rows=rows)
+                      faults=[o, quiet], gaming_flows_classified=3, rows=rows,
+                      notes=["power: an emulated sysfs tree"], onos={"flows": 2})
 
 
 def _cells(text: str) -> list[list[str]]:
@@ -59,8 +67,11 @@ def test_terminal_table_fits_100_columns_and_folds_long_values(console_width):
     assert widest <= 100, f"a line of {widest} columns:\n{text}"
     assert "…" not in text, f"a value was cut:\n{text}"
     want = [
-        f"{LONG_FAULT} ({LONG_KIND})", f"12 ms {LONG_LEVER} (node)", "45 slo_latency",
-        "60 / 70 / 1900", "1234", f"{LONG_ACTION} {VERDICT}", "3.2 / 1234.5 / 4.1 ms",
+        f"{LONG_FAULT} ({LONG_KIND})", f"12 ms {LONG_LEVER} (node) edge1", "45 slo_latency",
+        "60 / 70 / 1900", "1234",
+        f"{LONG_ACTION} micro edge1: verified (improved) onos_flow_rule global "
+        "of:0000000000000001: failed",
+        "3.2 / 1234.5 / 4.1 ms",
     ]
     rows = _cells(text)
     assert len(rows) == 2, text
@@ -69,6 +80,18 @@ def test_terminal_table_fits_100_columns_and_folds_long_values(console_width):
     flat = re.sub(r"\s", "", text)
     for k, v in report.rows.items():
         assert f"{k}{v}" in flat, f"row count {k} {v} missing:\n{text}"
+    # which levers acted and were verified, the node's own (a release is not a lever), ONOS,
+    # and what is emulated
+    assert f"{LONG_ACTION}2/2" in flat and "onos_flow_rule2/0" in flat, text
+    assert "queue_protection_sanction(node)2" in flat and "release" not in flat, text
+    assert "ONOScontractserverrecorded:flows2" in flat and "emulatedsysfs" in flat, text
+
+
+def test_levers_count_what_acted_and_what_was_verified():
+    report = _report()
+    assert report.levers() == {
+        LONG_ACTION: (2, 2), "onos_flow_rule": (2, 0), "queue_protection_sanction (node)": (2, 0),
+    }
 
 
 def test_terminal_table_follows_a_narrower_console():

@@ -363,6 +363,10 @@ class ClosedLoop:
             say(f"bridges to the broker and the store from {', '.join(self.nodes)}")
         for plan in self.plans:
             self._start_edge(plan, say)
+        if self.lab is not None:
+            self.notes.add(
+                "power: this VM has no cpufreq; each edge's agent reads and writes an emulated "
+                f"sysfs tree (cpufreq, cpuidle) under {self.run_dir / 'sysfs'}")
         if self.core is not None:
             self._start_core(self.core, say)
         self._start_analytics(say)

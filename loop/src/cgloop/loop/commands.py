@@ -82,9 +82,9 @@ def register(app: typer.Typer) -> None:
             console.print("waiting for the store to take the last records…")
             report = build_report(
                 settings.store_http_url, run_dir,
-                [(t.name, t.report.faults, t.packets) for t in trials],
+                [(t.name, t.faults, t.packets) for t in trials],
                 options.latency_slo_ms, closed.policy_source,
-                label, node=closed.plan.node,
+                label, node=closed.node_ids, notes=closed.notes.lines, onos=closed.onos_rules(),
             )
         except ServiceError as exc:
             err.print(f"[red]error[/red] {exc}")

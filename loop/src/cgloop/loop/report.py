@@ -27,13 +27,21 @@ from rich.console import Console
 from rich.table import Table
 
 RECOVERY_WINDOW_NS = 250_000_000
-# Detection kinds that concern a fault's victims or culprits (not classification, anomalies).
+# Detection kinds that concern a fault's victims or culprits (not classification, anomalies):
+# SLO breaches, L4S abuse, overloads of a node or of a chain function, INT's switch queues.
 FAULT_KINDS = tuple(
     f"DETECTION_KIND_{k}" for k in (
         "SLO_LATENCY", "SLO_JITTER", "SLO_LOSS", "SLO_THROUGHPUT",
         "L4S_UNRESPONSIVE_ECN", "L4S_MICROBURST", "CLASSIC_QUEUE_BURST", "QUEUE_OVERLOAD",
+        "NODE_OVERLOAD", "FUNCTION_OVERLOAD", "QUEUE_CONGESTION", "PACKET_DROPS",
     )
 )
+# A session joining is no fault: what the loop answers is its classification (then placement).
+JOIN_KINDS = ("DETECTION_KIND_GAMING_FLOW_CLASSIFIED",)
+SESSION_JOIN = "session_join"
+# Where each lever acts: the loop level the report names (node: the agent alone; micro: an
+# engine policy on one node; global: across nodes or through ONOS) comes from the action record.
+MAX_LEVERS = 12  # engine actions listed per fault
 
 
 def _short(enum_name: str, prefix: str) -> str:
@@ -46,6 +54,24 @@ class Latency(BaseModel):
     p99_ms: float | None = None
     loss_pct: float | None = None
     packets: int = 0
+
+
+class Lever(BaseModel):
+    """One engine action during a fault: what, at which level, on which node or switch, its
+    times (ns) and how it ended."""
+
+    operation: str
+    level: str
+    node: str
+    decision_ns: int | None = None
+    applied_ns: int | None = None
+    verified_ns: int | None = None
+    verdict: str | None = None
+    detail: str = ""
+
+    @property
+    def verified(self) -> bool:
+        return (self.verdict or "").startswith("verified")
 
 
 class FaultOutcome(BaseModel):
@@ -68,6 +94,9 @@ class FaultOutcome(BaseModel):
     verified_ns: int | None = None
     verdict: str | None = None
     action: str | None = None
+    # the first engine action's node (or ONOS device), and every engine action of the fault
+    node: str | None = None
+    levers: list[Lever] = []
     # every detection between onset - 1 s and the fault's end: (ms after onset, kind, subject)
     detections: list[tuple[float, str, str]] = []
     # the node's micro loop during the fault: (ms after onset, operation, flow "src>dst" ports)
@@ -82,6 +111,7 @@ class FaultOutcome(BaseModel):
     # micro or global (the policy engine), and when
     first_level: str | None = None
     first_lever: str | None = None
+    first_node: str | None = None
     first_ns: int | None = None
     before: Latency = Latency()
     during: Latency = Latency()
@@ -98,6 +128,24 @@ class LoopReport(BaseModel):
     faults: list[FaultOutcome]
     gaming_flows_classified: int
     rows: dict[str, int]
+    # what is emulated and what was left out of the run (one line each), from the loop
+    notes: list[str] = []
+    # what the ONOS contract server recorded (flows, intents, meters)
+    onos: dict[str, int] = {}
+
+    def levers(self) -> dict[str, tuple[int, int]]:
+        """{operation: (times it acted, times verified)} over the run: the engine's levers,
+        and the node's own (level node: acted, verified by the node as it applies them)."""
+        out: dict[str, list[int]] = {}
+        for f in self.faults:
+            for lever in f.levers:
+                n = out.setdefault(lever.operation, [0, 0])
+                n[0] += 1
+                n[1] += lever.verified
+            for _, op, _ in f.node_actions:
+                if op != "release":
+                    out.setdefault(f"{op} (node)", [0, 0])[0] += 1
+        return {k: (v[0], v[1]) for k, v in sorted(out.items())}
 
 
 def _worst(packets: list[Packets], start: int, end: int) -> Latency:
@@ -156,52 +204,68 @@ def effective_onset(ev: FaultEvent) -> int:
 LOOKBACK_NS = 1_000_000_000
 
 
-def loop_timeline(client, onset: int, end: int, run_source: str) -> dict:
-    """The first fault detection from just before onset, and the first action it led to."""
+def loop_timeline(
+    client, onset: int, end: int, run_source: str, kinds: tuple[str, ...] = FAULT_KINDS
+) -> dict:
+    """The first fault detection from just before onset (of `kinds`), and every engine action
+    it and the fault's later detections led to (the first one also in the flat fields)."""
     out: dict = {}
     every = client.query(
         "SELECT id, kind, time, labels['flow'] FROM cgloop.detections FINAL "
         "WHERE time >= fromUnixTimestamp64Nano({a:Int64}) "
-        "AND time < fromUnixTimestamp64Nano({b:Int64}) ORDER BY time LIMIT 200",
+        "AND time < fromUnixTimestamp64Nano({b:Int64}) ORDER BY time LIMIT 1000",
         parameters={"a": onset - LOOKBACK_NS, "b": end},
     ).result_rows
     out["detections"] = [
         (round((_ns(t) - onset) / 1e6, 1), _short(k, "DETECTION_KIND_"), subject)
-        for _, k, t, subject in every
+        for _, k, t, subject in every[:200]
     ]
-    rows = [r for r in every if r[1] in FAULT_KINDS]
+    rows = [r for r in every if r[1] in kinds]
     if not rows:
         return out
     out["detection_kind"] = _short(rows[0][1], "DETECTION_KIND_")
     out["detection_ns"] = _ns(rows[0][2])
     ids = [r[0] for r in rows]
     acts = client.query(
-        "SELECT id, operation, parameters, time, level FROM cgloop.actions FINAL "
+        "SELECT id, operation, parameters, time, level, target_node_id, target_device_id "
+        "FROM cgloop.actions FINAL "
         "WHERE hasAny(reason_detection_ids, {ids:Array(String)}) AND source_id = {src:String} "
-        "AND rollback_of_action_id = '' ORDER BY time LIMIT 1",
-        parameters={"ids": ids, "src": run_source},
+        "AND rollback_of_action_id = '' ORDER BY time LIMIT {n:UInt32}",
+        parameters={"ids": ids, "src": run_source, "n": MAX_LEVERS},
     ).result_rows
-    if not acts:
+    levers = []
+    for aid, op, params, t, level, node, device in acts:
+        lever = Lever(
+            operation=_short(op, "ACTION_OPERATION_"),
+            level=_short(level, "ACTION_LEVEL_") or "global",
+            node=node or device or "?",
+            decision_ns=_ns(t),
+            detail=",".join(f"{k}={v}" for k, v in sorted(params.items())),
+        )
+        results = client.query(
+            "SELECT state, verdict, applied, verified FROM cgloop.action_results FINAL "
+            "WHERE action_id = {id:String} ORDER BY time",
+            parameters={"id": aid},
+        ).result_rows
+        for state, verdict, applied, verified in results:
+            if _ns(applied):
+                lever.applied_ns = _ns(applied)
+            if _ns(verified):
+                lever.verified_ns = _ns(verified)
+            state = _short(state, "ACTION_STATE_")
+            verdict = _short(verdict or "", "VERDICT_")
+            lever.verdict = (
+                f"{state} ({verdict})" if verdict not in ("", "unspecified") else state
+            )
+        levers.append(lever)
+    if not levers:
         return out
-    aid, op, params, t, level = acts[0]
-    out["level"] = _short(level, "ACTION_LEVEL_") or "global"
-    out["action"] = f"{_short(op, 'ACTION_OPERATION_')} " + ",".join(
-        f"{k}={v}" for k, v in sorted(params.items())
+    first = levers[0]
+    out.update(
+        levels=levers, level=first.level, node=first.node,
+        action=f"{first.operation} {first.detail}".strip(), decision_ns=first.decision_ns,
+        applied_ns=first.applied_ns, verified_ns=first.verified_ns, verdict=first.verdict,
     )
-    out["decision_ns"] = _ns(t)
-    results = client.query(
-        "SELECT state, verdict, applied, verified FROM cgloop.action_results FINAL "
-        "WHERE action_id = {id:String} ORDER BY time",
-        parameters={"id": aid},
-    ).result_rows
-    for state, verdict, applied, verified in results:
-        if _ns(applied):
-            out["applied_ns"] = _ns(applied)
-        if _ns(verified):
-            out["verified_ns"] = _ns(verified)
-        state = _short(state, "ACTION_STATE_")
-        verdict = _short(verdict or "", "VERDICT_")
-        out["verdict"] = f"{state} ({verdict})" if verdict not in ("", "unspecified") else state
     return out
 
 
@@ -220,20 +284,26 @@ def node_source(node: str) -> str:
     return f"{node}/node-agent"
 
 
-def node_timeline(client, onset: int, end: int, node: str) -> dict:
-    """The agent's own actions applied in [onset, end): sanctions, promotions, frequency."""
+def _nodes(node: str | list[str]) -> list[str]:
+    return [node] if isinstance(node, str) else list(node)
+
+
+def node_timeline(client, onset: int, end: int, node: str | list[str]) -> dict:
+    """The agents' own actions applied in [onset, end) on `node` (one or several): sanctions,
+    promotions, frequency."""
     rows = client.query(
         "SELECT a.id, a.operation, a.time, a.target_flow_src_port, a.target_flow_dst_port, "
-        "r.applied, a.cause FROM (SELECT id, operation, time, target_flow_src_port, "
-        "target_flow_dst_port, cause FROM cgloop.actions FINAL WHERE source_id = {src:String} "
+        "r.applied, a.cause, a.source_id FROM (SELECT id, operation, time, "
+        "target_flow_src_port, target_flow_dst_port, cause, source_id FROM cgloop.actions "
+        "FINAL WHERE source_id IN {src:Array(String)} "
         "AND level = 'ACTION_LEVEL_NODE' AND time >= fromUnixTimestamp64Nano({a:Int64}) "
         "AND time < fromUnixTimestamp64Nano({b:Int64})) AS a "
         "LEFT JOIN (SELECT action_id, max(applied) AS applied FROM cgloop.action_results FINAL "
         "GROUP BY action_id) AS r ON r.action_id = a.id ORDER BY a.time LIMIT 1000",
-        parameters={"src": node_source(node), "a": onset, "b": end},
+        parameters={"src": [node_source(n) for n in _nodes(node)], "a": onset, "b": end},
     ).result_rows
     out: dict = {"node_actions": []}
-    for _, op, t, sport, dport, applied, cause in rows:
+    for _, op, t, sport, dport, applied, cause, source in rows:
         at = _ns(applied) or _ns(t)
         if at is None:
             continue
@@ -247,36 +317,41 @@ def node_timeline(client, onset: int, end: int, node: str) -> dict:
         if key and key not in out:
             out[key] = at
         if "first_ns" not in out:
-            out.update(first_ns=at, first_level="node", first_lever=op)
+            out.update(first_ns=at, first_level="node", first_lever=op,
+                       first_node=source.removesuffix("/node-agent"))
     return out
 
 
 PLACEMENT_LOOKBACK_NS = 120_000_000_000  # longer than the guard's protections live (30 s)
 
 
-def node_placed_at(client, onset: int, node: str) -> list[str]:
-    """Flows whose last move by the node's guard before `onset` was a promotion."""
+def node_placed_at(client, onset: int, node: str | list[str]) -> list[str]:
+    """Flows whose last move by a node's guard before `onset` was a promotion."""
     rows = client.query(
         "SELECT target_flow_src_port, target_flow_dst_port, argMax(cause, time) FROM "
-        "cgloop.actions FINAL WHERE source_id = {src:String} AND level = 'ACTION_LEVEL_NODE' "
+        "cgloop.actions FINAL WHERE source_id IN {src:Array(String)} "
+        "AND level = 'ACTION_LEVEL_NODE' "
         "AND operation = 'ACTION_OPERATION_REPRIORITISE_FLOW' "
         "AND time >= fromUnixTimestamp64Nano({a:Int64}) "
         "AND time < fromUnixTimestamp64Nano({b:Int64}) "
         "GROUP BY target_flow_src_port, target_flow_dst_port ORDER BY 1, 2",
-        parameters={"src": node_source(node), "a": onset - PLACEMENT_LOOKBACK_NS, "b": onset},
+        parameters={"src": [node_source(n) for n in _nodes(node)],
+                    "a": onset - PLACEMENT_LOOKBACK_NS, "b": onset},
     ).result_rows
     return [f"{sport}>{dport}" for sport, dport, cause in rows if not cause.startswith(RELEASED)]
 
 
 def first_lever(timeline: dict, node: dict, onset: int) -> dict:
     """The node's first action or the engine's first applied one, whichever came first."""
-    out = {k: node[k] for k in ("first_ns", "first_level", "first_lever") if k in node}
+    out = {k: node[k] for k in ("first_ns", "first_level", "first_lever", "first_node")
+           if k in node}
     applied = timeline.get("applied_ns")
     if applied and applied >= onset and (out.get("first_ns") is None or applied < out["first_ns"]):
         out = {
             "first_ns": applied,
             "first_level": timeline.get("level", "global"),
             "first_lever": (timeline.get("action") or "").split(" ")[0] or None,
+            "first_node": timeline.get("node"),
         }
     return out
 
@@ -289,7 +364,9 @@ def build_report(
     run_source: str,
     loop: str,
     wait_s: float = 30.0,
-    node: str = "edge",
+    node: str | list[str] = "edge",
+    notes: list[str] | None = None,
+    onos: dict[str, int] | None = None,
 ) -> LoopReport:
     """Wait until the store holds the run's last actions/results (the sink commits in batches),
     then put the timeline of every fault together."""
@@ -312,13 +389,14 @@ def build_report(
             end = max(ev.end_ns or onset, onset)
             span = end - onset
             affected, recovered = recovery(packets, onset, end, slo_ms)
-            timeline = loop_timeline(client, onset, end, run_source)
+            kinds = JOIN_KINDS if ev.kind == SESSION_JOIN else FAULT_KINDS
+            timeline = loop_timeline(client, onset, end, run_source, kinds)
             local = node_timeline(client, onset, end, node)
             o = FaultOutcome(
                 trial=trial, fault=ev.id, kind=ev.kind, onset_ns=onset, end_ns=end,
                 late_start_ms=(onset - ev.onset_ns) / 1e6, affected=affected,
-                recovered_ns=recovered,
-                **{k: v for k, v in timeline.items() if k != "level"},
+                recovered_ns=recovered, levers=timeline.get("levels", []),
+                **{k: v for k, v in timeline.items() if k not in ("level", "levels")},
                 **{k: v for k, v in local.items() if k in NODE_FIELDS},
                 **first_lever(timeline, local, onset),
                 node_placed_at_onset=node_placed_at(client, onset, node),
@@ -328,7 +406,8 @@ def build_report(
             o.after = _worst(packets, end + 1_000_000_000, end + 1_000_000_000 + span)
             faults.append(o)
     counts = {}
-    for table in ("flow_records", "probe_records", "detections", "actions", "action_results"):
+    for table in ("flow_records", "probe_records", "node_samples", "int_queue_records",
+                  "detections", "actions", "action_results"):
         counts[table] = client.query(f"SELECT count() FROM cgloop.{table}").result_rows[0][0]
     classified = client.query(
         "SELECT count(DISTINCT flow_src_port, flow_dst_port) FROM cgloop.detections "
@@ -339,7 +418,7 @@ def build_report(
     ).result_rows[0][0]
     report = LoopReport(
         run_dir=str(run_dir), slo_p99_ms=slo_ms, loop=loop, faults=faults,
-        gaming_flows_classified=classified, rows=counts,
+        gaming_flows_classified=classified, rows=counts, notes=notes or [], onos=onos or {},
     )
     (run_dir / "loop-report.json").write_text(report.model_dump_json(indent=1))
     return report
@@ -350,10 +429,36 @@ def _f(x: float | None, fmt: str = "{:.0f}") -> str:
 
 
 def first_cell(o: FaultOutcome) -> str:
-    """`12 ms reprioritise_flow (node)`: when, what and which level acted first."""
+    """`12 ms reprioritise_flow (node) edge1`: when, what, which level and where acted
+    first."""
     if o.first_ns is None:
         return "none"
-    return f"{_f(o.ms(o.first_ns))} ms {o.first_lever or '?'} ({o.first_level})"
+    where = f" {o.first_node}" if o.first_node else ""
+    return f"{_f(o.ms(o.first_ns))} ms {o.first_lever or '?'} ({o.first_level}){where}"
+
+
+def levers_cell(o: FaultOutcome) -> str:
+    """Each engine action of the fault: `set_chain micro edge1: verified (improved)`."""
+    if not o.levers:
+        return "-"
+    return "\n".join(
+        f"{lv.operation} {lv.level} {lv.node}: {lv.verdict or 'no result'}" for lv in o.levers
+    )
+
+
+def summary_lines(report: LoopReport) -> list[str]:
+    """Under the table: which levers acted and were verified, what is emulated, the store."""
+    acted = report.levers()
+    lines = ["levers (acted / verified): " + (", ".join(
+        f"{op} {n}/{v}" if not op.endswith("(node)") else f"{op} {n}"
+        for op, (n, v) in acted.items()) or "none")]
+    if report.onos:
+        lines.append("ONOS contract server recorded: " + ", ".join(
+            f"{k} {v}" for k, v in report.onos.items()))
+    lines += [f"note: {n}" for n in report.notes]
+    lines.append(f"gaming flows classified: {report.gaming_flows_classified}; rows in the "
+                 "store: " + ", ".join(f"{k} {v}" for k, v in report.rows.items()))
+    return lines
 
 
 # The terminal table fits this many columns (report.html keeps the full table).
@@ -368,10 +473,10 @@ def print_report(report: LoopReport, console: Console) -> None:
     t = Table(title=f"cgloop closed loop ({report.loop}): gaming SLO p99 < "
               f"{report.slo_p99_ms:g} ms; times in ms after the fault's onset",
               show_lines=True, width=width)
-    for col, ratio in (("fault", 3), ("first lever (level)", 3), ("detected", 2),
+    for col, ratio in (("fault", 3), ("first lever (level) node", 3), ("detected", 2),
                        ("decided / applied / verified", 2), ("recovered", 2),
-                       ("engine's action / verdict", 3), ("gaming p99 before / during / after",
-                                                           2)):
+                       ("engine's levers: level node: verdict", 4),
+                       ("gaming p99 before / during / after", 2)):
         t.add_column(col, ratio=ratio, overflow="fold")
     for o in report.faults:
         rec = ("not affected" if not o.affected
@@ -382,16 +487,13 @@ def print_report(report: LoopReport, console: Console) -> None:
             f"{_f(o.ms(o.decision_ns))} / {_f(o.ms(o.applied_ns))} / "
             f"{_f(o.ms(o.verified_ns))}",
             rec,
-            f"{o.action or '-'}\n{o.verdict or ''}".strip(),
+            levers_cell(o),
             f"{_f(o.before.p99_ms, '{:.1f}')} / {_f(o.during.p99_ms, '{:.1f}')} / "
             f"{_f(o.after.p99_ms, '{:.1f}')} ms",
         )
     console.print(t, width=width)
-    console.print(
-        f"gaming flows classified: {report.gaming_flows_classified}; rows in the store: "
-        + ", ".join(f"{k} {v}" for k, v in report.rows.items()),
-        width=width, overflow="fold",
-    )
+    for line in summary_lines(report):
+        console.print(line, width=width, overflow="fold")
 
 
 def _plot(report: LoopReport, trials_packets: dict[str, list[Packets]]) -> str:
@@ -437,22 +539,22 @@ def write_html(report: LoopReport, path: Path, trials_packets: dict[str, list[Pa
         cells = [f"{o.fault} ({o.kind})", first_cell(o),
                  f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}",
                  _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
-                 f"{o.action or '-'} {o.verdict or ''}",
+                 levers_cell(o),
                  f"{_f(o.before.p99_ms, '{:.1f}')} / {_f(o.during.p99_ms, '{:.1f}')} / "
                  f"{_f(o.after.p99_ms, '{:.1f}')}"]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in (
         "fault", "first lever (level)", "detected (ms)", "decided (ms)", "applied (ms)",
         "verified (ms)",
-        "recovered (ms)", "engine's action / verdict", "gaming p99 before / during / after (ms)"))
+        "recovered (ms)", "engine's levers: level node: verdict",
+        "gaming p99 before / during / after (ms)"))
     png = _plot(report, trials_packets)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>cgloop loop report</title>
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px;
 font-size:13px}}table{{border-collapse:collapse}}</style></head><body>
 <h1>cgloop closed loop ({html.escape(report.loop)})</h1>
-<p>Gaming SLO: one-way p99 &lt; {report.slo_p99_ms:g} ms. Times in ms after each fault's onset.
-Gaming flows classified: {report.gaming_flows_classified}. Rows in the store:
-{html.escape(", ".join(f"{k} {v}" for k, v in report.rows.items()))}.</p>
+<p>Gaming SLO: one-way p99 &lt; {report.slo_p99_ms:g} ms. Times in ms after each fault's onset.</p>
+<ul>{"".join(f"<li>{html.escape(line)}</li>" for line in summary_lines(report))}</ul>
 <table><tr>{head}</tr>{"".join(rows)}</table>
 <h2>Gaming one-way delay around each fault</h2><img src="data:image/png;base64,{png}">
 </body></html>"""
@@ -461,6 +563,6 @@ Gaming flows classified: {report.gaming_flows_classified}. Rows in the store:
 
 
 __all__ = [
-    "LoopReport", "build_report", "first_lever", "node_timeline", "print_report", "recovery",
-    "write_html",
+    "Lever", "LoopReport", "build_report", "first_lever", "node_timeline", "print_report",
+    "recovery", "write_html",
 ]
