@@ -361,9 +361,23 @@ class NodeAgentActuator:
         prev = apb.PreviousProtections(flows=list(resp.previous))
         return self._outcome(resp.outcome, apb.PreviousState(protections=prev))
 
+    def power_state(self, node: str, cores: list[int]) -> na.GetPowerStateResponse:
+        """What the agent reads back from its cpufreq/cpuidle tree for these cores."""
+        return self._call(node, "GetPowerState", na.GetPowerStateRequest(cores=cores))
+
     def _power(self, node: str, key: str, dry: bool, policies: list[na.PowerPolicy]) -> Applied:
         prev = apb.PreviousPowerPolicies()
         outcome = None
+        if len(policies) > 1 and not dry:
+            # One request per group of cores: the agent validates each (limits within the
+            # hardware's, governors it has) in a dry run first, so a group it would refuse
+            # fails the action before any group has changed.
+            for i, pol in enumerate(policies):
+                self._call(
+                    node,
+                    "SetPowerPolicy",
+                    na.SetPowerPolicyRequest(action_id=f"{key}/check{i}", dry_run=True, policy=pol),
+                )
         for i, pol in enumerate(policies):
             resp = self._call(
                 node,
@@ -614,3 +628,10 @@ class Router:
         self, action: apb.Action, rollback_id: str, previous: apb.PreviousState
     ) -> Applied:
         return self._pick(action).rollback(action, rollback_id, previous)
+
+    def power_state(self, node: str, cores: list[int]) -> na.GetPowerStateResponse:
+        """The node agent's read-back of its cores (set_power_policy's verification)."""
+        read = getattr(self.node, "power_state", None)
+        if read is None:
+            raise ActuatorError("the node actuator cannot read power state back")
+        return read(node, cores)

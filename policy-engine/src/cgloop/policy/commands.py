@@ -95,8 +95,29 @@ def run(
         typer.Option(help=f"read the node agents' own actions ({ACTIONS.name}) as facts"),
     ] = True,
     metrics_addr: Annotated[str | None, metrics.option(Daemon.DAEMON_POLICY_ENGINE)] = None,
+    overload_margin: Annotated[
+        float,
+        typer.Option(
+            min=0.05,
+            max=1.0,
+            help="overload guard: a chain change keeps every function instance under this "
+            "share of its R_max (from the node samples); also function.busy_ratio's bound",
+        ),
+    ] = 0.8,
+    max_instances: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="most instances the scale-out planner gives a function (the agents' "
+            "[bounds] max_function_instances)",
+        ),
+    ] = 4,
 ) -> None:
-    """Run the engine: detections from Kafka in, actions to the node agents and Kafka out."""
+    """Run the engine: detections from Kafka in, actions to the node agents and Kafka out.
+
+    It also reads the node samples (cores, chain function counters) for the overload guard
+    and the chain planners."""
     from cgloop import logs
     from cgloop.config import Settings
     from cgloop.policy import service
@@ -104,6 +125,7 @@ def run(
     from cgloop.policy.engine import Engine
     from cgloop.policy.guards import Budget
     from cgloop.policy.journal import Journal
+    from cgloop.policy.nodes import NodeBook
     from cgloop.policy.telemetry import KafkaTelemetryFeed, WindowStore
 
     logs.setup()
@@ -130,13 +152,12 @@ def run(
     settings = Settings()
     state = _state_dir()
     store = WindowStore() if verify else None
+    nodes = NodeBook()
     engine_metrics = service.EngineMetrics()
     server = metrics.serve(engine_metrics.registry, addr, Daemon.DAEMON_POLICY_ENGINE)
-    feed = (
-        KafkaTelemetryFeed(settings.bootstrap_servers, store, metrics=engine_metrics).start()
-        if store
-        else None
-    )
+    feed = KafkaTelemetryFeed(
+        settings.bootstrap_servers, store, metrics=engine_metrics, nodes=nodes
+    ).start()
     engine = Engine(
         policies,
         Router(node_agents),
@@ -145,6 +166,9 @@ def run(
         budget=Budget(budget, budget_window),
         source_id=source_id,
         apply_async=True,  # the service loop keeps deciding while agents answer
+        nodes=nodes,
+        overload_margin=overload_margin,
+        max_instances=max_instances,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

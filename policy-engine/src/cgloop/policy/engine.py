@@ -26,17 +26,19 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from cgloop.contracts import SCHEMA_VERSION
-from cgloop.policy import decide, parameters, verify
+from cgloop.policy import capacity, decide, parameters, planning, verify
 from cgloop.policy import facts as node_facts
-from cgloop.policy.actuators import Actuator, ActuatorError, Applied
+from cgloop.policy.actuators import Actuator, ActuatorError, Applied, power_policies
 from cgloop.policy.decide import ID_NAMESPACE, OPERATION, OPERATION_NAME
-from cgloop.policy.guards import NS, Budget, GuardBook, Proposal
+from cgloop.policy.guards import NS, Budget, GuardBook, Proposal, Refusal
 from cgloop.policy.journal import FINAL, Entry, Journal
 from cgloop.policy.leases import Leases, Standing
-from cgloop.policy.model import Mode, Operation, Policy
+from cgloop.policy.model import CounterMetric, Mode, Operation, Policy
+from cgloop.policy.nodes import NodeBook
 from cgloop.policy.telemetry import TelemetryReader
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
+from cgloop.v1 import node_pb2 as npb
 from cgloop.v1.common_pb2 import RecordHeader
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,10 @@ class EngineStats(decide.DecideStats):
     renewals: int = 0
     # protect_flow decisions not sent: the last attempt failed less than retry_after_s ago
     protect_backoff: int = 0
+    # placements not made: the session's node has its chain already (planning.Skip)
+    plan_skipped: int = 0
+    # set_chain actions the overload guard re-planned (more instances, other cores)
+    replanned: int = 0
 
 
 @dataclass
@@ -91,6 +97,13 @@ class Engine:
     # effect is read, and the verdicts that roll it back.
     node_verify_within_s: float = 1.0
     node_rollback_on: frozenset[int] = frozenset({apb.VERDICT_WORSE})
+    # The nodes' samples (cgloop.nodes.v1, fed by the telemetry feed or `observe_nodes`): the
+    # overload guard and the planners read them (cgloop.policy.capacity, .planning).
+    nodes: NodeBook = field(default_factory=NodeBook)
+    # Offered load stays under this share of R_max (the overload guard and `expect.also`'s
+    # function.busy_ratio bound); at most this many instances of a function (the agent's bound).
+    overload_margin: float = capacity.DEFAULT_MARGIN
+    max_instances: int = capacity.DEFAULT_MAX_INSTANCES
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -106,6 +119,11 @@ class Engine:
         self._pool: ThreadPoolExecutor | None = None
         self.leases = Leases(self.renew_after)
         self.facts = node_facts.NodeFacts(verify_within_s=self.node_verify_within_s)
+        self.planner = planning.Planner(self.nodes, self.overload_margin, self.max_instances)
+        self.overload = capacity.OverloadGuard(self.nodes, self.overload_margin, self.max_instances)
+        # action id -> what the planner or the overload guard did (leads its APPLIED result)
+        self._notes: dict[str, str] = {}
+        self._planned: dict[str, planning.Planned] = {}
         self._resume()
 
     # --- records --------------------------------------------------------------------------
@@ -214,6 +232,10 @@ class Engine:
             if action is not None:
                 self._node_applied(action, ev.result)
 
+    def observe_nodes(self, batch: npb.NodeSampleBatch) -> None:
+        """Take in node samples (cores, function counters) for the overload guard and planners."""
+        self.nodes.ingest(batch)
+
     def _node_applied(self, node_action: apb.Action, result: apb.ActionResult) -> None:
         tkey = decide.target_key(Operation.REPRIORITISE_FLOW, node_action.target)
         self.facts.applied(tkey, node_action)
@@ -255,6 +277,8 @@ class Engine:
     def _failed(self, entry: Entry, exc: ActuatorError) -> None:
         self.stats.failed += 1
         a = entry.action
+        if a.operation == apb.ACTION_OPERATION_SET_CHAIN:
+            self.planner.forget(a)
         if a.operation == apb.ACTION_OPERATION_PROTECT_FLOW:
             self.leases.failed(entry.target_key, self.clock())
         self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
@@ -341,10 +365,19 @@ class Engine:
             # repeat it).
             self.facts.stats.node_held += 1
             return
+        if refusal is None and p.action.operation is Operation.SET_CHAIN:
+            try:
+                refusal, proposal = self._plan_chain(p, det, action, proposal)
+            except planning.Skip:
+                self.stats.plan_skipped += 1
+                return
+            tkey = proposal.target_key
         if refusal is None:
             refusal = self.guards.check(proposal, now)
         if refusal is not None:
             self.stats.refused += 1
+            self._planned.pop(action.id, None)
+            self._notes.pop(action.id, None)
             action.state = apb.ACTION_STATE_REFUSED
             entry = Entry(action, None, tkey)
             self.journal.record(entry)
@@ -352,12 +385,48 @@ class Engine:
             self._result(entry, apb.ACTION_STATE_REFUSED, str(refusal))
             return
         self.guards.started(proposal, now)
+        if p.action.plan is not None and action.id in self._planned:
+            self.planner.committed(self._planned.pop(action.id), action)
         entry = Entry(action, None, tkey, awaiting_approval=p.mode is Mode.APPROVE)
         self.journal.record(entry)
         self._emit_action(action)
         if p.mode is Mode.APPROVE:
             return
         self._to_apply.append((entry, det.window_end_ns))
+
+    def _plan_chain(
+        self, p: Policy, det: dpb.Detection, action: apb.Action, proposal
+    ) -> tuple[Refusal | None, object]:
+        """A set_chain's planner (the policy's `plan`) and the overload guard, before the other
+        guards: the action is filled in or re-planned in place, or refused with the reason.
+        Returns the refusal (or None) and the proposal for the (possibly moved) target."""
+        notes = []
+        if p.action.plan is not None:
+            try:
+                planned = self.planner.plan(p.action.plan, det, action)
+            except planning.PlanRefused as exc:
+                return exc.refusal, proposal
+            self._planned[action.id] = planned
+            notes.append(planned.note)
+        try:
+            checked = self.overload.check(action.target.node_id, action.set_chain)
+        except capacity.NoCapacity as exc:
+            self._planned.pop(action.id, None)
+            return Refusal("overload", str(exc)), proposal
+        if checked.note.startswith("re-planned"):
+            self.stats.replanned += 1
+        if checked.note:
+            notes.append(checked.note)
+        action.set_chain.CopyFrom(checked.spec)
+        if notes:
+            self._notes[action.id] = "; ".join(notes)
+        tkey = decide.target_key(Operation.SET_CHAIN, action.target)
+        return None, dataclasses.replace(
+            proposal,
+            target_key=tkey,
+            node_id=action.target.node_id,
+            parameters=decide.numbers(action),
+        )
 
     # --- execution ------------------------------------------------------------------------
 
@@ -381,6 +450,9 @@ class Engine:
         self.stats.applied += 1
         loop = applied.applied_ns - detection_end_ns if detection_end_ns else 0
         note = "replayed by the actuator (already applied)" if applied.replayed else applied.message
+        planned = self._notes.pop(action.id, "")
+        if planned:
+            note = f"{planned}; {note}" if note else planned
         if action.dry_run:
             note = f"dry run: {note}"
         self._result(
@@ -402,6 +474,16 @@ class Engine:
 
     def _schedule(self, entry: Entry) -> None:
         action = entry.action
+        if (
+            action.operation == apb.ACTION_OPERATION_SET_POWER_POLICY
+            and not action.dry_run
+            and not action.HasField("expected_effect")
+            and hasattr(self.actuator, "power_state")
+        ):
+            # Without an expectation on telemetry, verified by reading the state back from the
+            # agent, at once.
+            self._verify_power(entry)
+            return
         if action.dry_run or not action.HasField("expected_effect") or self.telemetry is None:
             why = (
                 "dry run"
@@ -470,6 +552,8 @@ class Engine:
             heapq.heappush(self._due, (now + NS // 10, action.id))
             return
         v = verify.judge(e, before, after, tolerance)
+        if expect is not None and expect.also:
+            self._check_counters(action, expect.also, applied, applied + e.within_ns, v)
         if v.verdict in rollback_on:
             self._rollback(entry, v)
             return
@@ -480,6 +564,62 @@ class Engine:
             v.detail,
             verified_ns=self.clock(),
             verification=v,
+        )
+
+    def _check_counters(
+        self,
+        action: apb.Action,
+        metrics: list[CounterMetric],
+        start_ns: int,
+        end_ns: int,
+        v: apb.Verification,
+    ) -> None:
+        """`expect.also`: the chain's advanced functions' counters on the action's node over the
+        verification window; one that does not hold turns `improved` into `no_effect`."""
+        names = [
+            f.WhichOneof("function") or ""
+            for f in action.set_chain.functions
+            if capacity.is_advanced(f)
+        ]
+        notes = []
+        failed = False
+        for m in metrics:
+            got = self.nodes.read(m.value, action.target.node_id, names, start_ns, end_ns)
+            if got is None:
+                notes.append(f"{m.value}: no samples")
+                continue
+            value, _ = got
+            if m is CounterMetric.BUSY_RATIO:
+                ok = value < self.overload_margin
+                notes.append(f"{m.value} {value:.2f} (limit {self.overload_margin:g})")
+            else:
+                ok = value <= 0
+                notes.append(f"{m.value} {value:g} (must not rise)")
+            failed |= not ok
+        if failed and v.verdict == apb.VERDICT_IMPROVED:
+            v.verdict = apb.VERDICT_NO_EFFECT
+        v.detail += "; counters of " + ",".join(names or ["-"]) + ": " + ", ".join(notes)
+
+    def _verify_power(self, entry: Entry) -> None:
+        """A set_power_policy is verified by reading the cores' state back from its agent
+        (GetPowerState): frequency limits, governor and C-states as the X-MAN plan set them."""
+        assert entry.result is not None
+        action = entry.action
+        try:
+            policies = power_policies(action.set_power_policy)  # the X-MAN plan it sent
+            state = self.actuator.power_state(  # type: ignore[attr-defined]
+                action.target.node_id, sorted({c for p in policies for c in p.cores})
+            )
+            v = verify.judge_power(policies, state)
+        except ActuatorError as exc:
+            v = apb.Verification(
+                metric=verify.POWER_READBACK,
+                verdict=apb.VERDICT_NOT_CHECKED,
+                detail=f"read-back failed: {exc}",
+            )
+        self.stats.verified += 1
+        self._result(
+            entry, apb.ACTION_STATE_VERIFIED, v.detail, verified_ns=self.clock(), verification=v
         )
 
     def _rollback(self, entry: Entry, v: apb.Verification) -> None:
@@ -541,6 +681,8 @@ class Engine:
         )
         self.stats.rolled_back += 1
         self.leases.ended(entry.target_key, original.id)
+        if original.operation == apb.ACTION_OPERATION_SET_CHAIN:
+            self.planner.forget(original)
         if original.operation == apb.ACTION_OPERATION_REPRIORITISE_FLOW:
             self.facts.overridden(entry.target_key)  # the flow is back where it was
         self._result(

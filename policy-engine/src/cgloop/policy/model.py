@@ -185,6 +185,9 @@ class Expect(Strict):
     # "worse" (after worse than before by more than this fraction).
     baseline_window: Duration = 2.0
     worse_tolerance: float = Field(default=0.1, ge=0)
+    # Also held to these function counters over the same window (set_chain only): the verdict
+    # is `improved` only when the metric and every counter hold.
+    also: list[CounterMetric] = Field(default_factory=list)
 
     @field_validator("slo_profile")
     @classmethod
@@ -215,6 +218,15 @@ class Expect(Strict):
         platform = labels.get(PLATFORM_LABEL, "").strip().lower() or slo.GENERIC
         objectives = slo.table().objectives(platform, self.slo_profile)
         return float(SLO_VALUES[self.value_from.value](objectives))
+
+
+class CounterMetric(StrEnum):
+    """Function counters an action is also held to (`expect.also`), read from the node samples
+    of the action's node for the chain's advanced functions, with their bounds: the busiest
+    instance's busy ratio under the overload guard's margin (R_max), and no ring overflow."""
+
+    BUSY_RATIO = "function.busy_ratio"
+    RX_DROPPED_PER_S = "function.rx_dropped_per_s"
 
 
 class Verdict(StrEnum):
@@ -262,6 +274,39 @@ class Target(Strict):
     queue_id: int | None = Field(default=None, ge=0)
 
 
+class PlanKind(StrEnum):
+    SCALE_OUT = "scale_out"  # Natif: instances and cores of an overloaded function
+    PLACE = "place"  # LB / LC / LBLC: which node of the session's path gets the chain
+
+
+class Heuristic(StrEnum):
+    LB = "lb"
+    LC = "lc"
+    LBLC = "lblc"
+
+
+class Plan(Strict):
+    """A planner fills in what the YAML cannot know (cgloop.policy.planning), from the node
+    samples: `scale_out` the instances and cores of `function`, `place` the node among
+    `candidates` (the first is the session's own node) and the core of the advanced function."""
+
+    planner: PlanKind
+    function: str | None = Field(default=None, pattern=TEMPLATE)
+    min_instances: int = Field(default=2, ge=1, le=64)
+    heuristic: Heuristic = Heuristic.LBLC
+    candidates: list[Annotated[str, Field(pattern=TEMPLATE, min_length=1)]] = Field(
+        default_factory=list
+    )
+
+    @model_validator(mode="after")
+    def _fits_planner(self) -> Plan:
+        if self.planner is PlanKind.PLACE and not self.candidates:
+            raise ValueError("planner place needs candidates (the session's node first)")
+        if self.planner is PlanKind.SCALE_OUT and self.candidates:
+            raise ValueError("candidates: only for planner place")
+        return self
+
+
 class ActionSpec(Strict):
     operation: Operation
     target: Target = Field(default_factory=Target)
@@ -271,6 +316,17 @@ class ActionSpec(Strict):
     deadline: Duration = 0.5  # EXPIRED when not applied this long after the detection
     expect: Expect | None = None
     rollback_on: list[Verdict] = Field(default_factory=lambda: [Verdict.WORSE])
+    plan: Plan | None = None
+
+    @model_validator(mode="after")
+    def _plan_and_expect_fit_operation(self) -> ActionSpec:
+        if self.plan is not None and self.operation is not Operation.SET_CHAIN:
+            raise ValueError(f"plan: planners fill in set_chain, not {self.operation.value}")
+        if self.expect is not None and self.expect.also and self.operation is not (
+            Operation.SET_CHAIN
+        ):
+            raise ValueError("expect.also: function counters verify set_chain only")
+        return self
 
     @field_validator("parameters")
     @classmethod

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from cgloop.policy import parameters
 from cgloop.policy.detections import addr_text, flow_text
+from cgloop.policy.nodes import NodeBook
 
 if TYPE_CHECKING:
     from cgloop.metrics import PipelineMetrics
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1.common_pb2 import LatencySummary
 from cgloop.v1.flow_pb2 import FlowRecordBatch
+from cgloop.v1.node_pb2 import NodeSampleBatch
 from cgloop.v1.probe_pb2 import ProbeRecordBatch
 
 log = logging.getLogger(__name__)
@@ -200,24 +202,33 @@ class WindowStore:
 
 
 class KafkaTelemetryFeed:
-    """Feeds a WindowStore from the probes and flows topics in a background thread."""
+    """Feeds a WindowStore from the probes and flows topics, and a NodeBook (the overload
+    guard's and the planners' view of the nodes) from the nodes topic, in a background
+    thread; either may be None."""
 
     def __init__(
         self,
         bootstrap: str,
-        store: WindowStore,
+        store: WindowStore | None,
         group_id: str | None = None,
         metrics: PipelineMetrics | None = None,
+        nodes: NodeBook | None = None,
     ) -> None:
         from cgloop.bus.kafka import BatchConsumer
-        from cgloop.bus.topics import FLOWS, PROBES
+        from cgloop.bus.topics import FLOWS, NODES, PROBES
 
         self.store = store
+        self.nodes = nodes
+        topics = [PROBES.name, FLOWS.name] if store is not None else []
+        if nodes is not None:
+            topics.append(NODES.name)
+        if not topics:
+            raise ValueError("a telemetry feed needs a store or a node book to feed")
         # A private group: every engine instance needs every record (old ones age out).
         self._consumer = BatchConsumer(
             bootstrap,
             group_id or f"cgloop-policy-telemetry-{uuid.uuid4()}",
-            [PROBES.name, FLOWS.name],
+            topics,
             metrics=metrics,  # records in and lag of the verification's inputs
         )
         self._stop = threading.Event()
@@ -237,7 +248,12 @@ class KafkaTelemetryFeed:
             if item is None:
                 continue
             _, batch, _ = item
-            if isinstance(batch, ProbeRecordBatch):
+            if isinstance(batch, NodeSampleBatch):
+                if self.nodes is not None:
+                    self.nodes.ingest(batch)
+            elif self.store is None:
+                continue
+            elif isinstance(batch, ProbeRecordBatch):
                 self.store.ingest_probes(batch)
             elif isinstance(batch, FlowRecordBatch):
                 self.store.ingest_flows(batch)

@@ -9,6 +9,8 @@ Xiang et al., CALVIN (§III-B; Xiang's thesis ch. 3):
   size 1, one function per core; a function is never split across kernel and user space.
 * Latency budget (§IV-D, Fig. 2): 1 ms end to end, 0.35 ms for the MEC edge, and with the
   measured forwarding RTT of the chain plus a 0.01 ms safety margin, 20 us per advanced function.
+  An advanced function scaled out (Natif, `ChainFunction.instances`) takes a core of its own per
+  instance; its packets each cross one instance, so the latency budget counts it once.
   `LatencyLedger` admits a chain only when its base RTT, the sum of its advanced functions and
   the margin fit the edge budget and every advanced function fits its own budget.
 
@@ -93,6 +95,8 @@ class PlacedFunction:
     kind: FunctionKind
     runs_in: str
     core: int | None  # advanced functions get a core of their own
+    # Natif's scale-out: a core of its own for each instance (the first is `core`).
+    instance_cores: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -116,6 +120,9 @@ class Placement:
             fn.CopyFrom(f.function)
             fn.kind = int(f.kind)
             fn.core = f.core or 0
+            if len(f.instance_cores) > 1:
+                del fn.instance_cores[:]
+                fn.instance_cores.extend(f.instance_cores)
         return out
 
 
@@ -143,6 +150,7 @@ class LatencyLedger:
         for fn in request.functions:
             kind = FunctionKind(catalogue.FUNCTIONS[fn.name].kind)
             core = None
+            instance_cores: list[int] = []
             if kind is FunctionKind.ADVANCED:
                 if fn.processing_s <= 0:
                     reasons.append(f"{fn.name}: advanced function needs processing_s")
@@ -151,12 +159,31 @@ class LatencyLedger:
                         f"{fn.name}: {fn.processing_s * 1e6:.1f} us exceeds the "
                         f"{self.budget.advanced_function_s * 1e6:.0f} us advanced-function budget"
                     )
-                if cores:
-                    core = cores.pop(0)
+                # One core of its own per instance (Natif's scale-out, whole flows each).
+                n = max(1, fn.function.instances)
+                # Cores the request pins (a re-plan's) are taken as given.
+                given = list(fn.function.instance_cores) or (
+                    [fn.function.core] if fn.function.core and n == 1 else []
+                )
+                if given:
+                    instance_cores = given
+                    cores = [c for c in cores if c not in given]
+                elif len(cores) >= n:
+                    instance_cores, cores = cores[:n], cores[n:]
                 else:
-                    reasons.append(f"{fn.name}: no free core for an advanced function")
+                    reasons.append(
+                        f"{fn.name}: no free core for an advanced function"
+                        if n == 1
+                        else f"{fn.name}: {n} instances need {n} free cores, {len(cores)} left"
+                    )
+                core = instance_cores[0] if instance_cores else None
             latency += fn.processing_s
-            placed.append(PlacedFunction(fn.function, kind, runs_in(kind), core))
+            placed.append(
+                PlacedFunction(
+                    fn.function, kind, runs_in(kind), core,
+                    tuple(instance_cores),
+                )
+            )
         if latency + self.budget.safety_margin_s > self.budget.edge_s:
             reasons.append(
                 f"chain latency {latency * 1e3:.3f} ms + margin "
@@ -175,7 +202,8 @@ class LatencyLedger:
 
     def release(self, chain_id: str) -> None:
         placement = self.admitted.pop(chain_id)
-        self.free_cores += [f.core for f in placement.functions if f.core is not None]
+        for f in placement.functions:
+            self.free_cores += list(f.instance_cores) or ([f.core] if f.core is not None else [])
 
 
 def place_chain(

@@ -1,0 +1,197 @@
+"""Planned actions: a policy's `action.plan` has a planner fill in what YAML cannot know.
+
+Two planners, both for `set_chain`, both reading the node samples (`nodes.NodeBook`):
+
+- `scale_out` (Natif, Hajji §6.2; CALVIN): the function a `function_overload` detection names
+  (`function`, e.g. "{label:function_name}") gets the instances and cores `capacity.fit`
+  chooses on the target node: at least two instances (`min_instances`), each on a core of its
+  own among the node's least-loaded ones, each under margin x R_max; when no scale-out fits,
+  one instance moved to the least-loaded core (CALVIN re-placement). The agent distributes
+  whole flows over the instances (a hash of the five-tuple).
+- `place` (Xiang thesis §2.3: LB / LC / LBLC, `planners.sfc`): a gaming session whose flow
+  has no chain yet gets one on a node of its path. The candidates are the policy's `candidates`
+  (e.g. the edge that saw the flow, "{label:node_id}", and the core router); the first one is
+  the service node (the session's edge). Each candidate is an `sfc.Node` whose load is the mean
+  utilisation of its cores and whose slots are its cores free for an advanced function (below
+  the overload margin, no advanced instance on them); a candidate without samples is left out
+  (none with samples: the service node). The heuristic maps the chain's functions onto them;
+  since a node agent runs a class's whole chain, the node given the chain's advanced function
+  (the one needing a core) gets the whole chain, on the core `capacity.fit` picks there. A
+  session whose service node already has the chain (the engine placed it, or the node samples
+  of a candidate report the chain's advanced function) is left alone: no action, no record.
+
+A planner that cannot plan refuses the action with the reason (`guard plan: …`, or
+`guard overload: …` when no placement keeps R_max), recorded like any refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cgloop.policy import capacity, decide
+from cgloop.policy.guards import Refusal
+from cgloop.policy.model import Plan, PlanKind
+from cgloop.policy.nodes import NodeBook
+from cgloop.policy.planners import catalogue, sfc
+from cgloop.v1 import action_pb2 as apb
+from cgloop.v1 import detection_pb2 as dpb
+from cgloop.v1 import node_agent_pb2 as na
+
+
+class Skip(Exception):
+    """Nothing to do (the session's node has its chain already)."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    note: str
+    service: str = ""  # place: the session's node (the first candidate)
+
+
+def _advanced(chain: apb.SetChainAction) -> list[int]:
+    return [
+        i
+        for i, fn in enumerate(chain.functions)
+        if catalogue.FUNCTIONS[catalogue.name_of(fn)].kind == catalogue.ADVANCED
+    ]
+
+
+@dataclass
+class Planner:
+    nodes: NodeBook
+    margin: float = capacity.DEFAULT_MARGIN
+    max_instances: int = capacity.DEFAULT_MAX_INSTANCES
+    # (service node, chain id) -> node the engine placed the chain on
+    placed: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def plan(self, plan: Plan, det: dpb.Detection, action: apb.Action) -> Planned:
+        """Fill in `action` (a set_chain) in place; raises PlanRefused (with the refusal to
+        record) or Skip (nothing to do)."""
+        if plan.planner is PlanKind.SCALE_OUT:
+            return self._scale_out(plan, det, action)
+        return self._place(plan, det, action)
+
+    # --- Natif scale-out ---------------------------------------------------------------------
+
+    def _scale_out(self, plan: Plan, det: dpb.Detection, action: apb.Action) -> Planned:
+        s = action.set_chain
+        node = action.target.node_id
+        advanced = _advanced(s)
+        name = decide.resolve(plan.function, det) if plan.function else ""
+        if name:
+            at = [i for i in advanced if catalogue.name_of(s.functions[i]) == name]
+            if not at:
+                known = ", ".join(catalogue.name_of(s.functions[i]) for i in advanced)
+                raise PlanRefused(
+                    "plan",
+                    f"function {name!r} is not an advanced function of chain {s.chain_id} "
+                    f"(advanced: {known or 'none'})",
+                )
+        else:
+            at = advanced[:1]
+            if not at:
+                raise PlanRefused("plan", f"chain {s.chain_id} has no advanced function to scale")
+        load = self.nodes.load(node)
+        if load is None:
+            raise PlanRefused("plan", f"no node samples of {node} yet: cannot size the scale-out")
+        fn = s.functions[at[0]]
+        try:
+            f = capacity.fit(
+                load,
+                catalogue.name_of(fn),
+                margin=self.margin,
+                min_instances=plan.min_instances,
+                max_instances=self.max_instances,
+                allowed=s.free_cores or None,
+            )
+        except capacity.NoCapacity as exc:
+            raise PlanRefused("overload", str(exc)) from None
+        _pin(fn, f)
+        del s.free_cores[:]
+        s.free_cores.extend(f.cores)
+        how = "scale-out" if f.instances > 1 else "re-placement (no scale-out fits)"
+        return Planned(f"planned {how}: {f.describe()}")
+
+    # --- LB / LC / LBLC placement of a new session's chain -----------------------------------
+
+    def _place(self, plan: Plan, det: dpb.Detection, action: apb.Action) -> Planned:
+        s = action.set_chain
+        try:
+            candidates = [decide.resolve(c, det) for c in plan.candidates]
+        except decide.MissingLabel as exc:
+            raise PlanRefused("target", f"{exc}; cannot resolve the placement candidates") from None
+        candidates = list(dict.fromkeys(c for c in candidates if c))
+        if not candidates:
+            raise PlanRefused("plan", "no placement candidates")
+        service = candidates[0]
+        advanced = _advanced(s)
+        names = {catalogue.name_of(s.functions[i]) for i in advanced}
+        if (service, s.chain_id) in self.placed:
+            raise Skip
+        if names and any(names & self.nodes.functions_on(c) for c in candidates):
+            raise Skip  # the session's path runs the chain already
+        loads = {c: self.nodes.load(c) for c in candidates}
+        known = [c for c in candidates if loads[c] is not None]
+        nodes = []
+        for c in known:
+            load = loads[c]
+            assert load is not None
+            busy = {i.core for i in load.instances if i.function in catalogue.FUNCTIONS
+                    and catalogue.FUNCTIONS[i.function].kind == catalogue.ADVANCED}
+            free = [k for k, u in load.cores.items() if u < self.margin and k not in busy]
+            mean = sum(load.cores.values()) / len(load.cores) if load.cores else 0.0
+            # Basic functions run in BPF on any node: one slot each beside the free cores.
+            nodes.append(sfc.Node(c, slots=len(free) + len(s.functions) - len(advanced), load=mean))
+        chain = na.ServiceChain(chain_id=s.chain_id, traffic_class=s.traffic_class)
+        chain.functions.extend(s.functions)
+        if nodes:
+            try:
+                mapping = sfc.plan_chain(chain, nodes, plan.heuristic.value, service_node=service)
+            except (ValueError, catalogue.CatalogueError) as exc:
+                raise PlanRefused("plan", f"{plan.heuristic.value}: {exc}") from None
+            hosts = [n for fn, n in mapping if fn in names] or [mapping[0][1]]
+            node = max(dict.fromkeys(hosts), key=hosts.count)
+        else:
+            node = service
+        action.target.node_id = node
+        why = ", ".join(
+            f"{n.name} (load {n.load:.0%}, {n.slots} slots)" for n in nodes
+        ) or f"no node samples: the service node {service}"
+        load = loads.get(node)
+        note = f"placed by {plan.heuristic.value.upper()} on {node}: candidates {why}"
+        if load is not None:
+            for i in advanced:
+                fn = s.functions[i]
+                try:
+                    f = capacity.fit(load, catalogue.name_of(fn), margin=self.margin)
+                except capacity.NoCapacity as exc:
+                    raise PlanRefused("overload", str(exc)) from None
+                _pin(fn, f)
+                note += f"; {f.describe()}"
+        return Planned(note, service)
+
+    def committed(self, planned: Planned, action: apb.Action) -> None:
+        """The placement passed the guards: the service node's chain is on its way."""
+        if planned.service:
+            self.placed[(planned.service, action.set_chain.chain_id)] = action.target.node_id
+
+    def forget(self, action: apb.Action) -> None:
+        """The placement failed or was rolled back: the session may be placed again."""
+        chain = action.set_chain.chain_id
+        for key, node in list(self.placed.items()):
+            if key[1] == chain and node == action.target.node_id:
+                del self.placed[key]
+
+
+class PlanRefused(Exception):
+    def __init__(self, guard: str, reason: str) -> None:
+        super().__init__(reason)
+        self.refusal = Refusal(guard, reason)
+
+
+def _pin(fn: na.ChainFunction, f: capacity.Fit) -> None:
+    fn.instances = f.instances if f.instances > 1 else 0
+    del fn.instance_cores[:]
+    if f.instances > 1:
+        fn.instance_cores.extend(f.cores)
+    fn.core = f.cores[0]
