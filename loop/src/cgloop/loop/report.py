@@ -78,6 +78,8 @@ class FaultOutcome(BaseModel):
     trial: str
     fault: str
     kind: str
+    # where the fault was applied: its node (a CPU hog's), else its flood's destination
+    target: str | None = None
     onset_ns: int
     end_ns: int
     # how much later than scheduled the fault's generator really sent its first packet (a
@@ -394,6 +396,7 @@ def build_report(
             local = node_timeline(client, onset, end, node)
             o = FaultOutcome(
                 trial=trial, fault=ev.id, kind=ev.kind, onset_ns=onset, end_ns=end,
+                target=ev.spec.get("node") or ev.spec.get("dst") or ev.spec.get("client"),
                 late_start_ms=(onset - ev.onset_ns) / 1e6, affected=affected,
                 recovered_ns=recovered, levers=timeline.get("levels", []),
                 **{k: v for k, v in timeline.items() if k not in ("level", "levels")},
@@ -435,6 +438,11 @@ def first_cell(o: FaultOutcome) -> str:
         return "none"
     where = f" {o.first_node}" if o.first_node else ""
     return f"{_f(o.ms(o.first_ns))} ms {o.first_lever or '?'} ({o.first_level}){where}"
+
+
+def fault_cell(o: FaultOutcome) -> str:
+    """`trial00-congestion-1 (congestion) @ home1`: the fault, its kind and where it was."""
+    return f"{o.fault} ({o.kind})" + (f" @ {o.target}" if o.target else "")
 
 
 def levers_cell(o: FaultOutcome) -> str:
@@ -482,7 +490,7 @@ def print_report(report: LoopReport, console: Console) -> None:
         rec = ("not affected" if not o.affected
                else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
         t.add_row(
-            f"{o.fault} ({o.kind})", first_cell(o),
+            fault_cell(o), first_cell(o),
             f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}".strip(),
             f"{_f(o.ms(o.decision_ns))} / {_f(o.ms(o.applied_ns))} / "
             f"{_f(o.ms(o.verified_ns))}",
@@ -536,7 +544,7 @@ def write_html(report: LoopReport, path: Path, trials_packets: dict[str, list[Pa
     for o in report.faults:
         rec = ("not affected" if not o.affected
                else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
-        cells = [f"{o.fault} ({o.kind})", first_cell(o),
+        cells = [fault_cell(o), first_cell(o),
                  f"{_f(o.ms(o.detection_ns))} {o.detection_kind or ''}",
                  _f(o.ms(o.decision_ns)), _f(o.ms(o.applied_ns)), _f(o.ms(o.verified_ns)), rec,
                  levers_cell(o),
