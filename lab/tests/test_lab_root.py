@@ -231,6 +231,9 @@ def test_a_session_starting_mid_scenario_sends_only_from_its_start(scenario_run)
     assert packets.send_ns.min() - late.start_ns < 1e9  # started on time
     lines = (Path(report.run_dir) / "traffic.jsonl").read_text().splitlines()
     assert len(lines) == len(SCENARIO["traffic"])
+    # no delay windows for the faults that were over before it began
+    late_faults = {w.fault for w in report.windows if w.session == "gaming2"}
+    assert late_faults == {"rate_cap2", "loss3", "ect1_abuse4"}
 
 
 def test_congestion_raises_gaming_p99(scenario_run):

@@ -267,6 +267,8 @@ class Runner:
             events = sorted(self.events, key=lambda e: e.onset_ns)
             for k, ev in enumerate(events):
                 end = ev.end_ns or ev.onset_ns
+                if end <= session.started_ns:
+                    continue  # over before this (late) session began sending
                 span = end - ev.onset_ns
                 # Windows as long as the fault, clipped so they never overlap a neighbour fault;
                 # "after" starts a settling second late (the queue the fault built drains first).
