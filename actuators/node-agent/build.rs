@@ -41,6 +41,7 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf/agent.h");
     println!("cargo:rerun-if-changed=bpf/qmon.bpf.h");
     println!("cargo:rerun-if-changed=bpf/qprot.bpf.h");
+    println!("cargo:rerun-if-changed=bpf/int.bpf.h");
     rerun_if_changed_under(Path::new(SHARED_INCLUDE));
     println!("cargo:rerun-if-env-changed=CGLOOP_VMLINUX_BTF");
 }

@@ -7,7 +7,8 @@
  *                     adds it to its class's backlog.
  *   cgl_qmon_dequeue  tp_btf/qdisc_dequeue: sojourn = now - stamp into the class's log-linear
  *                     histogram and max, backlog down, and the class's drain rate (bytes
- *                     dequeued over >= QMON_RATE_WINDOW_NS while the class stayed backlogged).
+ *                     dequeued over >= QMON_RATE_WINDOW_NS while the class stayed backlogged),
+ *                     then the INT source's per-packet report decision (bpf/int.bpf.h).
  *
  * The class of a packet is skb->priority when it is a class the agent registered in
  * qmon_index (the classifier sets it), else the interface's default class (if_default).
@@ -177,18 +178,22 @@ int BPF_PROG(cgl_qmon_enqueue, struct Qdisc *q, const struct netdev_queue *txq,
 	return 0;
 }
 
-static __always_inline void qmon_dequeued(__u64 key, __u64 now)
+#include "int.bpf.h"	/* INT source: int_dequeued() */
+
+static __always_inline void qmon_dequeued(struct sk_buff *skb, __u32 ifindex, __u64 now)
 {
+	__u64 key = (__u64)skb;
 	struct qmon_stamp *st = bpf_map_lookup_elem(&qmon_stamps, &key);
 	struct qmon_class *c;
-	__u64 sojourn, len;
+	__u64 sojourn, len, enq_ns;
 	__u32 slot, idx;
 
 	if (!st)
 		return;
 	slot = st->slot;
 	len = st->len;
-	sojourn = now > st->ns ? now - st->ns : 0;
+	enq_ns = st->ns;
+	sojourn = now > enq_ns ? now - enq_ns : 0;
 	bpf_map_delete_elem(&qmon_stamps, &key);
 	c = bpf_map_lookup_elem(&qmon_stats, &slot);
 	if (!c)
@@ -221,6 +226,7 @@ static __always_inline void qmon_dequeued(__u64 key, __u64 now)
 	}
 	if (QMON_READ(c->backlog_packets) <= 0)
 		c->win_start_ns = 0;
+	int_dequeued(skb, ifindex, slot, c, enq_ns, sojourn, now);
 }
 
 SEC("tp_btf/qdisc_dequeue")
@@ -228,11 +234,14 @@ int BPF_PROG(cgl_qmon_dequeue, struct Qdisc *q, const struct netdev_queue *txq, 
 	     struct sk_buff *skb)
 {
 	__u64 now = bpf_ktime_get_ns();
+	__u32 ifindex = 0;
 	int i;
 
+	if (q && q->dev_queue && q->dev_queue->dev)
+		ifindex = q->dev_queue->dev->ifindex;
 	/* A bulk dequeue hands over a list linked by skb->next. */
 	for (i = 0; i < QMON_DEQ_BATCH && skb; i++) {
-		qmon_dequeued((__u64)skb, now);
+		qmon_dequeued(skb, ifindex, now);
 		skb = skb->next;
 	}
 	return 0;

@@ -916,6 +916,11 @@ impl Agent {
         self.monitor.clone()
     }
 
+    /// The INT source's datapath maps (src/int_export).
+    pub fn int_maps(&self) -> anyhow::Result<crate::int_export::IntMaps> {
+        self.lock().dp.int_maps()
+    }
+
     /// RFC 9957 sanctions per flow (None: no `[queue_protection]` interfaces).
     pub fn sanctions(&self) -> Option<Arc<dyn crate::queue_view::SanctionSource>> {
         self.protection.clone().map(|p| p as Arc<dyn crate::queue_view::SanctionSource>)

@@ -340,6 +340,9 @@ pub struct Config {
     /// Where the node micro loop's actions go (`Action` records, level NODE), with Kafka.
     pub action_topic: String,
     pub guard: GuardSettings,
+    /// `[int_export]`: the INT source, on when the section is present (src/int_export/settings.rs
+    /// documents the keys).
+    pub int_export: Option<crate::int_export::IntExportSettings>,
 }
 
 impl Default for Config {
@@ -366,6 +369,7 @@ impl Default for Config {
             queue_protection: QueueProtectionSettings::default(),
             action_topic: bus::topic(BusTopic::Actions).name.clone(),
             guard: GuardSettings::default(),
+            int_export: None,
         }
     }
 }
@@ -430,6 +434,9 @@ impl Config {
         self.queues.check()?;
         self.queue_protection.check()?;
         self.guard.check()?;
+        if let Some(int) = &self.int_export {
+            int.check(&self.bounds)?;
+        }
         Ok(())
     }
 }

@@ -91,6 +91,8 @@ pub struct Datapath {
     _qmon_links: Vec<libbpf_rs::Link>,
     /// Why the tracepoint programs are not attached (the monitor reports it).
     pub qmon_attach_error: Option<String>,
+    /// The INT source's maps (bpf/int.bpf.h; src/int_export).
+    int: crate::int_export::IntMaps,
 }
 
 /// Map handles the queue monitor (src/qmon.rs) and queue protection (src/qprot.rs) own a dup of.
@@ -203,6 +205,13 @@ impl Datapath {
             xsk_rx: skel.progs.cgl_xsk_rx.as_fd().try_clone_to_owned().context("dup fd")?,
             adv_return: skel.progs.cgl_adv_return.as_fd().try_clone_to_owned().context("dup fd")?,
             attached: HashMap::new(),
+            int: crate::int_export::IntMaps {
+                cfg: handle(&skel.maps.int_cfg, "int_cfg")?,
+                ifaces: handle(&skel.maps.int_ifaces, "int_ifaces")?,
+                counters: handle(&skel.maps.int_counters, "int_counters")?,
+                events: handle(&skel.maps.int_events, "int_events")?,
+                qmon_index: handle(&skel.maps.qmon_index, "qmon_index")?,
+            },
             qmon,
             _qmon_links: qmon_links,
             qmon_attach_error,
@@ -212,6 +221,11 @@ impl Datapath {
     /// Dups of the queue monitor's and queue protection's maps.
     pub fn qmon_maps(&self) -> Result<QmonMaps> {
         self.qmon.try_clone()
+    }
+
+    /// Dups of the INT source's maps.
+    pub fn int_maps(&self) -> Result<crate::int_export::IntMaps> {
+        self.int.try_clone()
     }
 
     /// Attaches the classifier on the interface's clsact egress hook (replacing an earlier

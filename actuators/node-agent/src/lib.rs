@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod guard;
+pub mod int_export;
 pub mod metrics;
 pub mod nodes;
 pub mod power_glue;

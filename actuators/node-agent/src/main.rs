@@ -152,6 +152,7 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_
         bootstrap => Some(KafkaSink::new(bootstrap, &config.action_topic, &config.node_id)?),
     };
     let (recorder, guard) = (Recorder::new(&config.node_id), config.guard.clone());
+    let int_export = config.int_export.clone();
     let (agent, warnings) = Agent::start(config, power, probes)?;
     for w in &warnings {
         tracing::warn!("{w}");
@@ -187,6 +188,11 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_
         cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone())?;
     }
     watch_sampler(&agent, metrics.clone(), stop_guard.clone())?;
+    // The INT source (`[int_export]`): postcards of the agent's queues to the INT collector.
+    let _int = match &int_export {
+        Some(s) => cgloop_node_agent::int_export::start(s, agent.int_maps()?, agent.subscribe(), metrics.int_export.clone())?,
+        None => None,
+    };
     let result = run_server(agent.clone(), listen, tls, metrics);
     // Whatever ended the server (signal or error): what was acknowledged goes to the journal.
     stop_guard.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub guard_moves: Family<Labels, Counter>,
     pub sanctioned_packets: Counter,
     pub sanctioned_flows: Counter,
+    /// The INT source (`[int_export]`).
+    pub int_export: Arc<crate::int_export::IntMetrics>,
     registry: Arc<Registry>,
 }
 
@@ -43,6 +45,7 @@ impl Default for Metrics {
             guard_moves: Family::default(),
             sanctioned_packets: Counter::default(),
             sanctioned_flows: Counter::default(),
+            int_export: Arc::default(),
             registry: Arc::new(Registry::default()),
         };
         r.register("grpc_requests", "gRPC requests, by method and status code", m.requests.clone());
@@ -78,6 +81,7 @@ impl Default for Metrics {
             "Per-flow sanction counts drained (one per flow and audit interval)",
             m.sanctioned_flows.clone(),
         );
+        m.int_export.register(&mut r);
         for kind in ["promote", "release"] {
             let _ = m.guard_moves.get_or_create(&vec![("kind", kind.to_string())]);
         }
