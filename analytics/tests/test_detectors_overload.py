@@ -14,6 +14,7 @@ from cgloop.v1.node_pb2 import CoreSample, FunctionCounters, NodeSample
 NS = 1_000_000_000
 MS = 1_000_000
 T0 = 1_000 * NS  # record times are wall-clock ns, never 0
+QLABELS = {"switch_id": "1", "egress_port": "2", "queue_id": "3"}  # queue(): no names known
 
 
 def queue(t_ns: int, util: float, latency_ns: int = 0, cells: int = 7, port: int = 2):
@@ -53,7 +54,7 @@ def test_sustained_load_fires_after_min_duration_exactly() -> None:
     assert d.kind == K.DETECTION_KIND_QUEUE_CONGESTION and d.detector == "overload"
     assert d.severity == Severity.SEVERITY_MAJOR
     assert d.queue == QueueRef(node_id="1", interface_name="2", queue_id=3)
-    assert dict(d.labels) == {"trigger": "sustained"}
+    assert dict(d.labels) == {**QLABELS, "trigger": "sustained"}
     assert (d.window_start_ns, d.window_end_ns) == (T0, T0 + NS)
     assert d.confidence == pytest.approx(0.5 + 0.5 * 0.95)
     ev = evidence(d)
@@ -95,7 +96,7 @@ def test_a_rising_trend_fires_ahead_of_overload() -> None:
     hits = feed(det, [(t, 0.6 + 0.2 * t) for t in (0.0, 0.25, 0.5, 0.75, 1.0)])
     assert [t for t, _ in hits] == [0.75]
     d = hits[0][1]
-    assert dict(d.labels) == {"trigger": "trend"}
+    assert dict(d.labels) == {**QLABELS, "trigger": "trend"}
     assert d.severity == Severity.SEVERITY_MAJOR
     assert d.window_start_ns == T0 and d.window_end_ns == T0 + int(0.75 * NS)
     ev = evidence(d)
@@ -158,16 +159,20 @@ def test_a_node_is_as_loaded_as_its_busiest_core() -> None:
 
 
 def test_a_function_is_loaded_by_its_packet_rate_over_its_capacity() -> None:
-    det = QueueOverloadDetector(capacity_pps={"dpi": 1000.0})
+    # the queues' and nodes' level and duration, to see the rate model alone
+    det = QueueOverloadDetector(capacity_pps={"dpi": 1000.0}, function_warn_rho=0.9,
+                                function_min_duration_ns=NS)
     assert det.on_node(node(0, functions=[("dpi", 0), ("fwd", 0)])) == []
     assert det.on_node(node(0, functions=[("dpi", 500)])) == [], "same time: no rate"
     assert det.on_node(node(NS // 2, functions=[("dpi", 975)])) == []  # 950 pps
     assert det.on_node(node(NS, functions=[("dpi", 1450)])) == []  # 950 pps for 0.5 s
     (d,) = det.on_node(node(3 * NS // 2, functions=[("fwd", 10**9), ("dpi", 1925)]))
-    assert d.kind == K.DETECTION_KIND_FUNCTION_OVERLOAD and d.node_id == "dpi"
+    assert d.kind == K.DETECTION_KIND_FUNCTION_OVERLOAD and d.function_name == "dpi"
+    assert dict(d.labels) == {"node_id": "edge", "function_name": "dpi", "instance": "0",
+                              "core": "0", "trigger": "sustained"}
     assert evidence(d)["rate_pps"] == pytest.approx((950.0, 1000.0, 0.0, "pps"))
     assert evidence(d)["rho"][0] == pytest.approx(0.95)
-    assert "f/edge/dpi" in det.subjects and "f/edge/fwd" not in det.subjects
+    assert "f/edge/dpi/0" in det.subjects and "f/edge/fwd/0" not in det.subjects
 
 
 def test_subjects_are_bounded_and_idle_ones_evicted() -> None:
@@ -184,7 +189,8 @@ def test_subjects_are_bounded_and_idle_ones_evicted() -> None:
 
 
 def test_a_node_sample_reports_every_overload_it_shows() -> None:
-    det = QueueOverloadDetector(capacity_pps={"dpi": 100.0, "nat": 100.0})
+    det = QueueOverloadDetector(capacity_pps={"dpi": 100.0, "nat": 100.0},
+                                function_min_duration_ns=NS)
     for k in range(4):  # every 0.5 s: the core from 0.5 s, 92 and 96 packets/s from 0.5 s
         cores = (0.95,) if k else ()
         out = det.on_node(
@@ -195,8 +201,8 @@ def test_a_node_sample_reports_every_overload_it_shows() -> None:
         K.DETECTION_KIND_FUNCTION_OVERLOAD,
         K.DETECTION_KIND_FUNCTION_OVERLOAD,
     ]
-    assert {d.node_id for d in out} == {"edge", "dpi", "nat"}
-    assert set(det.subjects) == {"n/edge", "f/edge/dpi", "f/edge/nat"}
+    assert {d.node_id or d.function_name for d in out} == {"edge", "dpi", "nat"}
+    assert set(det.subjects) == {"n/edge", "f/edge/dpi/0", "f/edge/nat/0"}
 
 
 def _id(d, start_s: float) -> str:
@@ -241,4 +247,6 @@ def test_an_imminent_overload_says_how_soon() -> None:
 def test_a_high_but_falling_load_waits_for_the_duration() -> None:
     det = QueueOverloadDetector()
     falling = [(0, 1.3), (0.25, 1.29), (0.5, 1.28), (0.75, 1.27), (1.0, 1.26)]
-    assert [(t, dict(d.labels)) for t, d in feed(det, falling)] == [(1.0, {"trigger": "sustained"})]
+    assert [(t, dict(d.labels)) for t, d in feed(det, falling)] == [
+        (1.0, {**QLABELS, "trigger": "sustained"})
+    ]

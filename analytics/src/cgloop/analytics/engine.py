@@ -17,7 +17,14 @@ from cgloop.analytics.detectors.overload import QueueOverloadDetector
 from cgloop.analytics.detectors.slo import SeriesParams, SloDetector, platform_slos
 from cgloop.analytics.features import FEATURE_NAMES, split_directions, window_features
 from cgloop.analytics.model import FlowModel
-from cgloop.analytics.records import NS, TupleKey, conversation_key, flow_label, tuple_key
+from cgloop.analytics.records import (
+    NS,
+    TupleKey,
+    conversation_key,
+    flow_label,
+    observation_labels,
+    tuple_key,
+)
 from cgloop.v1.action_pb2 import Action, ActionOperation, ActionState
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
@@ -71,6 +78,15 @@ class EngineConfig:
     # > 0: latency samples are averaged over windows of this length before the detectors see
     # them (how telemetry-window loops such as MOSAICO's work; the loop benchmark's baseline).
     latency_window_s: float = 0.0
+    # INT switch id -> node id, and (switch id, egress port) -> interface name: the labels a
+    # switch-queue detection carries for policies (lab v2: {1: "core"}).
+    int_switch_nodes: dict[int, str] = field(default_factory=dict)
+    int_switch_ports: dict[tuple[int, int], str] = field(default_factory=dict)
+    # INT flow records' end-to-end latency as the flow's latency (SLO) and path delay (jitter
+    # corroboration). Only where the INT domain spans the flow's whole path: lab v2's one INT
+    # switch (the core) reports its own hop, a fraction of the path the probes measure, and
+    # mixing the two in one series would keep a latency breach from ever holding.
+    int_flow_latency: bool = False
 
 
 class AnalyticsEngine:
@@ -87,7 +103,9 @@ class AnalyticsEngine:
             else SeriesParams(min_duration_ns=int(latency_min * NS)),
         )
         self.l4s = L4sAbuseDetector()
-        self.overload = QueueOverloadDetector()
+        self.overload = QueueOverloadDetector(
+            switch_nodes=self.cfg.int_switch_nodes, switch_ports=self.cfg.int_switch_ports
+        )
         self.convs: OrderedDict[TupleKey, _Conv] = OrderedDict()
         # Gaming conversations by endpoint address (server and client): active probes toward
         # either end measure the path the flow takes.
@@ -104,6 +122,25 @@ class AnalyticsEngine:
         self._seq: dict[str, _SeqState] = {}
         self.watermark_ns = 0
         self.classified = 0
+        # Inputs whose per-source sequence gaps this engine judges (telemetry_gap). A worker
+        # that holds only some partitions of a topic sees only some of a source's numbers:
+        # it leaves that topic out (worker.py says who checks what in a group).
+        self.sequence_checks: set[str] = {"flows", "int", "probes", "nodes"}
+
+    def reset_partitioned(self) -> None:
+        """Forget the state built from the partitioned inputs (flows, INT, nodes): the worker
+        gave up its partitions in a rebalance, and rebuilds what it keeps by replaying them.
+        What the side inputs taught stays (the DSCP of flows the loop moved)."""
+        self.slo = SloDetector(self.slo.profiles, self.slo.params, self.slo.max_flows,
+                               self.slo.idle_ns, self.slo.latency_params)
+        self.l4s = L4sAbuseDetector()
+        self.overload = QueueOverloadDetector(
+            switch_nodes=self.cfg.int_switch_nodes, switch_ports=self.cfg.int_switch_ports
+        )
+        self.convs.clear()
+        self.servers.clear()
+        self._latency_windows.clear()
+        self._seq.clear()
 
     # ------------------------------------------------------------------ flows
 
@@ -111,7 +148,8 @@ class AnalyticsEngine:
         out: list[Detection] = []
         due: list[tuple[TupleKey, _Conv]] = []
         for r in records:
-            out += self._sequence(r.header.source_id, r.header.sequence, r.interval_end_ns)
+            if "flows" in self.sequence_checks:
+                out += self._sequence(r.header.source_id, r.header.sequence, r.interval_end_ns)
             self.watermark_ns = max(self.watermark_ns, r.interval_end_ns)
             out += self.l4s.on_flow(r)
             out += self.slo.on_flow(r)
@@ -174,9 +212,11 @@ class AnalyticsEngine:
                 continue
             d_ft = down[0].five_tuple
             platform = str(plat[i])
-            self.slo.watch(d_ft, platform, down=True, t_ns=conv.last_ns)
+            self.slo.watch(d_ft, platform, down=True, t_ns=conv.last_ns,
+                           where=observation_labels(down[-1]))
             if up:
-                self.slo.watch(up[0].five_tuple, platform, down=False, t_ns=conv.last_ns)
+                self.slo.watch(up[0].five_tuple, platform, down=False, t_ns=conv.last_ns,
+                               where=observation_labels(up[-1]))
             self.servers.setdefault(d_ft.src_addr, set()).add(k)
             self.servers.setdefault(d_ft.dst_addr, set()).add(k)
             out.append(make_detection(
@@ -189,7 +229,8 @@ class AnalyticsEngine:
                  *(ev(n, X[i, FEATURE_NAMES.index(n)], 0.0, 0.0, u) for n, u in (
                      ("dn_bps", "bps"), ("up_pps", "pps"), ("dn_burst_rate", "1/s")))],
                 "flow-classifier", (conv.first_ns, conv.last_ns), d_ft, conv.first_ns,
-                labels={"class": conv.label, "platform": platform, "flow": flow_label(d_ft)},
+                labels={**observation_labels(down[-1]), "class": conv.label,
+                        "platform": platform, "flow": flow_label(d_ft)},
                 model_version=self.model_version or "untracked",
             ))
         return out
@@ -212,7 +253,9 @@ class AnalyticsEngine:
     def on_probes(self, records: list[ProbeRecord]) -> list[Detection]:
         out: list[Detection] = []
         for p in records:
-            out += self._sequence(p.header.source_id, p.header.sequence, p.header.timestamp_ns)
+            if "probes" in self.sequence_checks:
+                out += self._sequence(p.header.source_id, p.header.sequence,
+                                      p.header.timestamp_ns)
             if p.lost or not p.rtt_ns:
                 continue
             # An overdue notice's RTT is a lower bound, known before the reply: evidence that
@@ -288,11 +331,12 @@ class AnalyticsEngine:
             rec = getattr(env, which) if which else None
             if rec is None:
                 continue
-            out += self._sequence(rec.header.source_id, rec.header.sequence,
-                                  rec.header.timestamp_ns)
+            if "int" in self.sequence_checks:
+                out += self._sequence(rec.header.source_id, rec.header.sequence,
+                                      rec.header.timestamp_ns)
             if which == "queue":
                 out += self.overload.on_int_queue(rec)
-            elif which == "flow" and rec.end_to_end_latency_ns:
+            elif which == "flow" and rec.end_to_end_latency_ns and self.cfg.int_flow_latency:
                 self.slo.on_path_delay(rec.five_tuple, rec.header.timestamp_ns,
                                        rec.end_to_end_latency_ns)
                 out += self.slo.on_latency(rec.five_tuple, rec.header.timestamp_ns,
@@ -302,7 +346,9 @@ class AnalyticsEngine:
     def on_nodes(self, records) -> list[Detection]:
         out: list[Detection] = []
         for n in records:
-            out += self._sequence(n.header.source_id, n.header.sequence, n.header.timestamp_ns)
+            if "nodes" in self.sequence_checks:
+                out += self._sequence(n.header.source_id, n.header.sequence,
+                                      n.header.timestamp_ns)
             out += self.overload.on_node(n)
         return out
 

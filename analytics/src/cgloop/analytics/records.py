@@ -45,6 +45,22 @@ def conversation_key(ft: FiveTuple) -> TupleKey:
     return (sa, da, sp, dp, ft.ip_protocol)
 
 
+def node_of(source_id: str) -> str:
+    """The node a record was observed on, from its producer id `<node>/<daemon>` (the loop
+    starts the probe as `<node>/flow-probe`, the node agent as `<node>/node-agent`); "" for an
+    id without a node part."""
+    node, sep, _ = source_id.partition("/")
+    return node if sep else ""
+
+
+def observation_labels(r: FlowRecord) -> dict[str, str]:
+    """Where a flow record was observed: `node_id` (from the header's source id) and
+    `interface` (the probe's interface), the labels per-edge policies match and fill targets
+    from. Empty values are left out."""
+    out = {"node_id": node_of(r.header.source_id), "interface": r.interface_name}
+    return {k: v for k, v in out.items() if v}
+
+
 def flow_label(ft: FiveTuple) -> str:
     proto = {6: "tcp", 17: "udp", 1: "icmp", 58: "icmpv6"}.get(ft.ip_protocol, str(ft.ip_protocol))
     return (

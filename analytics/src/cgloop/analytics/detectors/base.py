@@ -22,6 +22,22 @@ def subject_text(subject: FiveTuple | QueueRef | str) -> str:
     return subject
 
 
+def detection_scope(subject_field: str, labels: dict[str, str] | None) -> str:
+    """What tells apart subjects that share a name: a function's name is the same on every node
+    and instance, so its node and instance belong to its identity (ids, suppression, keys)."""
+    if subject_field != "function_name" or not labels:
+        return ""
+    return f"@{labels.get('node_id', '')}#{labels.get('instance', '')}"
+
+
+def subject_key(det: Detection) -> str:
+    """A detection's subject as text, scoped (see `detection_scope`): the unit the suppressor
+    and the worker's Kafka key work on."""
+    which = det.WhichOneof("subject") or ""
+    subj = getattr(det, which) if which else ""
+    return subject_text(subj) + detection_scope(which, dict(det.labels))
+
+
 def make_detection(
     kind: int,
     severity: int,
@@ -33,16 +49,20 @@ def make_detection(
     episode_start_ns: int,
     labels: dict[str, str] | None = None,
     model_version: str = DETECTOR_VERSION,
+    subject_field: str = "node_id",
 ) -> Detection:
     """A detection whose id is derived from (detector, subject, episode start): replays of the
-    same episode produce the same id, so consumers can drop duplicates."""
+    same episode produce the same id, so consumers can drop duplicates. A text subject is a
+    node id, or with `subject_field="function_name"` a function's name (whose node and
+    instance labels then scope it)."""
+    scope = detection_scope(subject_field, labels) if isinstance(subject, str) else ""
     det = Detection(
         header=RecordHeader(
             schema_version=SCHEMA_VERSION,
             source_id=f"analytics/{detector}",
             timestamp_ns=window[1],
         ),
-        id=str(uuid.uuid5(_NAMESPACE, f"{detector}|{kind}|{subject_text(subject)}|"
+        id=str(uuid.uuid5(_NAMESPACE, f"{detector}|{kind}|{subject_text(subject)}{scope}|"
                                       f"{episode_start_ns}")),
         kind=kind,
         severity=severity,
@@ -59,6 +79,8 @@ def make_detection(
         det.flow.CopyFrom(subject)
     elif isinstance(subject, QueueRef):
         det.queue.CopyFrom(subject)
+    elif subject_field == "function_name":
+        det.function_name = subject
     else:
         det.node_id = subject
     return det
@@ -81,9 +103,7 @@ class Suppressor:
         self.last: OrderedDict[str, int] = OrderedDict()
 
     def allow(self, det: Detection) -> bool:
-        which = det.WhichOneof("subject") or ""
-        subj = getattr(det, which) if which else ""
-        key = f"{det.detector}|{det.kind}|{subject_text(subj)}"
+        key = f"{det.detector}|{det.kind}|{subject_key(det)}"
         prev = self.last.get(key)
         if prev is not None and det.window_end_ns - prev < self.realert_after_ns:
             self.last[key] = max(prev, det.window_end_ns)
@@ -94,6 +114,15 @@ class Suppressor:
         while len(self.last) > self.max_keys:
             self.last.popitem(last=False)
         return True
+
+    def observe(self, det: Detection) -> None:
+        """An alert emitted elsewhere (another worker of the group, read back from the
+        detections topic): remembered as if this suppressor had allowed it."""
+        key = f"{det.detector}|{det.kind}|{subject_key(det)}"
+        self.last[key] = max(self.last.get(key, 0), det.window_end_ns)
+        self.last.move_to_end(key)
+        while len(self.last) > self.max_keys:
+            self.last.popitem(last=False)
 
     def state(self) -> dict[str, int]:
         return dict(self.last)

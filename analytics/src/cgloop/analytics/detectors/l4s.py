@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from cgloop.analytics.detectors.base import ev, make_detection
-from cgloop.analytics.records import NS, TupleKey, tuple_key
+from cgloop.analytics.records import NS, TupleKey, observation_labels, tuple_key
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
 from cgloop.v1.flow_pb2 import FlowRecord
@@ -44,6 +44,7 @@ class _FlowState:
     bins: deque = field(default_factory=deque)
     last_seen: int = 0
     episode: dict[int, int] = field(default_factory=dict)  # kind -> episode start
+    where: dict[str, str] = field(default_factory=dict)  # node_id, interface of the last record
 
 
 class L4sAbuseDetector:
@@ -88,6 +89,7 @@ class L4sAbuseDetector:
                                          for f in FiveTuple.DESCRIPTOR.fields}))
             self.flows[key] = st
         st.last_seen = r.interval_end_ns
+        st.where = observation_labels(r)
         start = r.interval_start_ns - r.interval_start_ns % self.bin_ns
         closed = False
         if not st.bins or st.bins[-1].start < start:
@@ -169,7 +171,7 @@ class L4sAbuseDetector:
             return []  # one detection per episode
         st.episode[kind] = window[0]
         return [make_detection(kind, severity, conf, evidence, self.name, window, st.five_tuple,
-                               window[0])]
+                               window[0], labels=st.where)]
 
     def evict(self, now_ns: int, force: bool = False) -> int:
         idle = [k for k, s in self.flows.items() if now_ns - s.last_seen > self.idle_ns]

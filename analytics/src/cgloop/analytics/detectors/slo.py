@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from cgloop.analytics.detectors.base import ev, make_detection
-from cgloop.analytics.records import NS, TupleKey, conversation_key, tuple_key
+from cgloop.analytics.records import (
+    NS,
+    TupleKey,
+    conversation_key,
+    observation_labels,
+    tuple_key,
+)
 from cgloop.slo import GENERIC, Objectives
 from cgloop.slo import table as slo_table
 from cgloop.v1.common_pb2 import FiveTuple
@@ -152,6 +158,8 @@ class _Flow:
     down: bool
     series: dict[str, _Series]
     last_seen: int = 0
+    # where the flow was last observed (node_id, interface: records.observation_labels)
+    where: dict[str, str] = field(default_factory=dict)
 
 
 class SloDetector:
@@ -186,7 +194,8 @@ class SloDetector:
         self.held_jitter = 0  # jitter breaches the path did not corroborate (samples)
 
     def watch(
-        self, five_tuple: FiveTuple, platform: str, down: bool = True, t_ns: int = 0
+        self, five_tuple: FiveTuple, platform: str, down: bool = True, t_ns: int = 0,
+        where: dict[str, str] | None = None,
     ) -> None:
         key = tuple_key(five_tuple)
         if key in self.flows:
@@ -207,7 +216,7 @@ class SloDetector:
                            self.latency_params if m == "latency" else self.params)
                 for m in _METRICS
             },
-            last_seen=t_ns,
+            last_seen=t_ns, where=dict(where or {}),
         )
 
     def watching(self, five_tuple: FiveTuple) -> bool:
@@ -288,7 +297,7 @@ class SloDetector:
                 *extra,
             ],
             self.name, (hit["start"], window[1]), fl.five_tuple, hit["start"],
-            labels={"platform": fl.platform, "metric": metric},
+            labels={**fl.where, "platform": fl.platform, "metric": metric},
         )
 
     def on_flow(self, r: FlowRecord) -> list[Detection]:
@@ -296,6 +305,7 @@ class SloDetector:
         if fl is None:
             return []
         fl.last_seen = r.interval_end_ns
+        fl.where = observation_labels(r)
         t, w = r.interval_end_ns, (r.interval_start_ns, r.interval_end_ns)
         out = []
         if r.HasField("rtp"):

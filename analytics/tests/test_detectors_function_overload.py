@@ -1,0 +1,129 @@
+"""Function and node overload from node samples (detectors/overload.py): a chain function
+instance by its AF_XDP worker's busy share and its receive ring's drops, a node by its busiest
+core; what the detections say for the policies (labels, subjects) and that instances, nodes
+and functions never stand for each other."""
+
+from __future__ import annotations
+
+import pytest
+from cgloop.analytics.detectors import QueueOverloadDetector, Suppressor
+from cgloop.v1.common_pb2 import RecordHeader
+from cgloop.v1.detection_pb2 import DetectionKind as K
+from cgloop.v1.detection_pb2 import Severity
+from cgloop.v1.node_pb2 import CoreSample, FunctionCounters, NodeSample
+
+NS = 1_000_000_000
+MS = 1_000_000
+T0 = 1_000 * NS
+
+
+def fn(name="dpi", instance=0, core=3, busy=None, dropped=0, packets=0) -> FunctionCounters:
+    f = FunctionCounters(function_name=name, instance=instance, core=core, rx_dropped=dropped,
+                         packets=packets)
+    if busy is not None:
+        f.busy_ratio = busy
+    return f
+
+
+def sample(t_ms: int, *functions, node="edge1", cores=()) -> NodeSample:
+    return NodeSample(header=RecordHeader(timestamp_ns=T0 + t_ms * MS), node_id=node,
+                      functions=list(functions),
+                      cores=[CoreSample(core=c, utilization=u) for c, u in cores])
+
+
+def evidence(d) -> dict[str, tuple[float, float, float, str]]:
+    return {e.name: (e.value, e.threshold, e.baseline, e.unit) for e in d.evidence}
+
+
+def feed(det, series) -> list[tuple[int, object]]:
+    return [(t, d) for t, s in series for d in det.on_node(s)]
+
+
+def test_a_busy_instance_fires_after_the_function_duration() -> None:
+    det = QueueOverloadDetector()
+    assert (det.function_warn_rho, det.function_min_duration_ns) == (0.85, 300 * MS)
+    series = [(t, sample(t, fn(busy=0.97))) for t in range(0, 700, 100)]
+    hits = feed(det, series)
+    assert [t for t, _ in hits] == [300], "0.85 held 300 ms, once"
+    d = hits[0][1]
+    assert d.kind == K.DETECTION_KIND_FUNCTION_OVERLOAD and d.detector == "overload"
+    assert d.WhichOneof("subject") == "function_name" and d.function_name == "dpi"
+    assert dict(d.labels) == {"node_id": "edge1", "function_name": "dpi", "instance": "0",
+                              "core": "3", "trigger": "sustained"}
+    assert d.severity == Severity.SEVERITY_MAJOR
+    assert evidence(d)["busy_ratio"] == pytest.approx((0.97, 0.85, 0.0, "ratio"))
+    assert evidence(d)["rx_dropped"] == (0.0, 0.0, 0.0, "packets")
+
+
+def test_a_rise_toward_saturation_fires_ahead_of_it() -> None:
+    det = QueueOverloadDetector()
+    series = [(t, sample(t, fn(busy=b))) for t, b in
+              ((0, 0.5), (100, 0.7), (200, 0.8), (300, 0.84), (400, 0.86))]
+    ((t, d),) = feed(det, series)
+    assert t == 300 and d.labels["trigger"] == "trend", "before the 0.85 level is reached"
+
+
+def test_just_below_the_level_or_too_short_stays_silent() -> None:
+    det = QueueOverloadDetector()
+    assert feed(det, [(t, sample(t, fn(busy=0.84))) for t in range(0, 2000, 100)]) == []
+    short = QueueOverloadDetector()
+    # 250 ms above, then a dip: the duration starts again
+    flaps = [0.9, 0.9, 0.9, 0.8, 0.9, 0.9, 0.9, 0.5]
+    assert feed(short, [(i * 100, sample(i * 100, fn(busy=b))) for i, b in enumerate(flaps)]) \
+        == []
+
+
+def test_a_ring_overflow_fires_at_once_and_is_critical() -> None:
+    det = QueueOverloadDetector()
+    # the first sample's counter says nothing about this interval; growth does
+    assert det.on_node(sample(0, fn(busy=0.3, dropped=40))) == []
+    assert det.on_node(sample(100, fn(busy=0.3, dropped=40))) == []
+    (d,) = det.on_node(sample(200, fn(busy=0.4, dropped=57)))
+    assert d.labels["trigger"] == "rx_dropped" and d.severity == Severity.SEVERITY_CRITICAL
+    assert evidence(d)["rx_dropped"][0] == 17
+    assert d.window_end_ns == T0 + 200 * MS
+    # still dropping: the same episode; load gone and no drops: cleared, then fires again
+    assert det.on_node(sample(300, fn(busy=0.4, dropped=80))) == []
+    assert det.on_node(sample(400, fn(busy=0.1, dropped=80))) == []
+    (again,) = det.on_node(sample(500, fn(busy=0.1, dropped=81)))
+    assert again.id != d.id
+
+
+def test_a_counter_that_went_back_is_a_restart_not_a_drop() -> None:
+    det = QueueOverloadDetector()
+    det.on_node(sample(0, fn(busy=0.2, dropped=500)))
+    assert det.on_node(sample(100, fn(busy=0.2, dropped=3))) == []
+
+
+def test_instances_and_nodes_are_subjects_of_their_own() -> None:
+    det = QueueOverloadDetector()
+    sup = Suppressor()
+    out = []
+    for t in range(0, 600, 100):
+        out += det.on_node(sample(t, fn(instance=0, busy=0.95), fn(instance=1, busy=0.95)))
+        out += det.on_node(sample(t, fn(instance=0, busy=0.95), node="edge2"))
+    assert sorted((d.labels["node_id"], d.labels["instance"]) for d in out) == [
+        ("edge1", "0"), ("edge1", "1"), ("edge2", "0")]
+    assert len({d.id for d in out}) == 3, "the same function elsewhere is another episode"
+    assert all(sup.allow(d) for d in out), "one does not suppress the other"
+
+
+def test_the_rate_model_and_the_busy_share_take_the_higher() -> None:
+    det = QueueOverloadDetector(capacity_pps={"dpi": 1000.0})
+    det.on_node(sample(0, fn(busy=0.2, packets=0)))
+    out = []
+    for t in range(100, 600, 100):  # 950 pps against 1000: 0.95, busy only 0.2
+        out += det.on_node(sample(t, fn(busy=0.2, packets=95 * t // 100)))
+    (d,) = out
+    assert evidence(d)["rho"][0] == pytest.approx(0.95)
+    assert evidence(d)["rate_pps"][:2] == pytest.approx((950.0, 1000.0))
+
+
+def test_node_overload_names_its_busiest_core() -> None:
+    det = QueueOverloadDetector()
+    out = feed(det, [(t, sample(t, cores=((0, 0.3), (2, 0.93), (3, 0.5))))
+                     for t in range(0, 1200, 200)])
+    ((t, d),) = out
+    assert t == 1000, "R_max: the busiest core >= 0.9 held 1 s"
+    assert d.kind == K.DETECTION_KIND_NODE_OVERLOAD and d.node_id == "edge1"
+    assert dict(d.labels) == {"node_id": "edge1", "core": "2", "trigger": "sustained"}
