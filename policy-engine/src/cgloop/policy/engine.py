@@ -365,9 +365,11 @@ class Engine:
             # repeat it).
             self.facts.stats.node_held += 1
             return
-        if refusal is None and p.action.operation is Operation.SET_CHAIN:
+        if refusal is None and (
+            p.action.plan is not None or p.action.operation is Operation.SET_CHAIN
+        ):
             try:
-                refusal, proposal = self._plan_chain(p, det, action, proposal)
+                refusal, proposal = self._plan(p, det, action, proposal)
             except planning.Skip:
                 self.stats.plan_skipped += 1
                 return
@@ -394,12 +396,13 @@ class Engine:
             return
         self._to_apply.append((entry, det.window_end_ns))
 
-    def _plan_chain(
+    def _plan(
         self, p: Policy, det: dpb.Detection, action: apb.Action, proposal
     ) -> tuple[Refusal | None, object]:
-        """A set_chain's planner (the policy's `plan`) and the overload guard, before the other
-        guards: the action is filled in or re-planned in place, or refused with the reason.
-        Returns the refusal (or None) and the proposal for the (possibly moved) target."""
+        """The policy's planner (its `plan`) and, for a set_chain, the overload guard, before
+        the other guards: the action is filled in or re-planned in place, or refused with the
+        reason. Returns the refusal (or None) and the proposal for the (possibly moved)
+        target."""
         notes = []
         if p.action.plan is not None:
             try:
@@ -408,6 +411,10 @@ class Engine:
                 return exc.refusal, proposal
             self._planned[action.id] = planned
             notes.append(planned.note)
+        if p.action.operation is not Operation.SET_CHAIN:
+            if notes:
+                self._notes[action.id] = "; ".join(notes)
+            return None, dataclasses.replace(proposal, parameters=decide.numbers(action))
         try:
             checked = self.overload.check(action.target.node_id, action.set_chain)
         except capacity.NoCapacity as exc:

@@ -277,6 +277,7 @@ class Target(Strict):
 class PlanKind(StrEnum):
     SCALE_OUT = "scale_out"  # Natif: instances and cores of an overloaded function
     PLACE = "place"  # LB / LC / LBLC: which node of the session's path gets the chain
+    XMAN = "xman"  # X-MAN: a node's cores, its latency-critical ones and their P-state range
 
 
 class Heuristic(StrEnum):
@@ -288,7 +289,9 @@ class Heuristic(StrEnum):
 class Plan(Strict):
     """A planner fills in what the YAML cannot know (cgloop.policy.planning), from the node
     samples: `scale_out` the instances and cores of `function`, `place` the node among
-    `candidates` (the first is the session's own node) and the core of the advanced function."""
+    `candidates` (the first is the session's own node) and the core of the advanced function
+    (both set_chain); `xman` a set_power_policy's cores, latency-critical cores and frequency
+    range (the policy's values stand without samples)."""
 
     planner: PlanKind
     function: str | None = Field(default=None, pattern=TEMPLATE)
@@ -320,8 +323,17 @@ class ActionSpec(Strict):
 
     @model_validator(mode="after")
     def _plan_and_expect_fit_operation(self) -> ActionSpec:
-        if self.plan is not None and self.operation is not Operation.SET_CHAIN:
-            raise ValueError(f"plan: planners fill in set_chain, not {self.operation.value}")
+        if self.plan is not None:
+            wants = (
+                Operation.SET_POWER_POLICY
+                if self.plan.planner is PlanKind.XMAN
+                else Operation.SET_CHAIN
+            )
+            if self.operation is not wants:
+                raise ValueError(
+                    f"plan: planner {self.plan.planner.value} fills in {wants.value}, not "
+                    f"{self.operation.value}"
+                )
         if self.expect is not None and self.expect.also and self.operation is not (
             Operation.SET_CHAIN
         ):

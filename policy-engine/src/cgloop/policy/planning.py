@@ -16,9 +16,18 @@ Two planners, both for `set_chain`, both reading the node samples (`nodes.NodeBo
   the overload margin, no advanced instance on them); a candidate without samples is left out
   (none with samples: the service node). The heuristic maps the chain's functions onto them;
   since a node agent runs a class's whole chain, the node given the chain's advanced function
-  (the one needing a core) gets the whole chain, on the core `capacity.fit` picks there. A
-  session whose service node already has the chain (the engine placed it, or the node samples
-  of a candidate report the chain's advanced function) is left alone: no action, no record.
+  (the one needing a core) gets the whole chain, on the core `capacity.fit` picks there. Each
+  session (the detection's subject: its flow) is placed once: the classifier's repeated
+  detections of a placed session are dropped (no action, no record) until the placement
+  fails or is rolled back.
+
+and one for `set_power_policy`:
+
+- `xman` (Xiang thesis ch. 4, `planners.power`): the node's sampled cores; latency-critical
+  are the cores its advanced (user-space) function instances run on (none: the policy's
+  `latency_critical`), pinned at the top of the sampled frequency range with C-states off; the
+  others run X-MAN within the sampled range (the scaling limits the agent reports, so never a
+  limit the node's cpufreq refuses). Without samples the policy's own values are sent.
 
 A planner that cannot plan refuses the action with the reason (`guard plan: …`, or
 `guard overload: …` when no placement keeps R_max), recorded like any refusal.
@@ -26,9 +35,11 @@ A planner that cannot plan refuses the action with the reason (`guard plan: …`
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from cgloop.policy import capacity, decide
+from cgloop.policy import detections as dets
 from cgloop.policy.guards import Refusal
 from cgloop.policy.model import Plan, PlanKind
 from cgloop.policy.nodes import NodeBook
@@ -45,7 +56,7 @@ class Skip(Exception):
 @dataclass(frozen=True)
 class Planned:
     note: str
-    service: str = ""  # place: the session's node (the first candidate)
+    session: str = ""  # place: the session placed (the detection's subject key)
 
 
 def _advanced(chain: apb.SetChainAction) -> list[int]:
@@ -61,15 +72,50 @@ class Planner:
     nodes: NodeBook
     margin: float = capacity.DEFAULT_MARGIN
     max_instances: int = capacity.DEFAULT_MAX_INSTANCES
-    # (service node, chain id) -> node the engine placed the chain on
-    placed: dict[tuple[str, str], str] = field(default_factory=dict)
+    # session (detection subject key) -> id of the action that placed its chain
+    placed: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    max_placed: int = 100_000
 
     def plan(self, plan: Plan, det: dpb.Detection, action: apb.Action) -> Planned:
         """Fill in `action` (a set_chain) in place; raises PlanRefused (with the refusal to
         record) or Skip (nothing to do)."""
         if plan.planner is PlanKind.SCALE_OUT:
             return self._scale_out(plan, det, action)
+        if plan.planner is PlanKind.XMAN:
+            return self._xman(action)
         return self._place(plan, det, action)
+
+    # --- X-MAN power plan --------------------------------------------------------------------
+
+    def _xman(self, action: apb.Action) -> Planned:
+        s = action.set_power_policy
+        node = action.target.node_id
+        load = self.nodes.load(node)
+        if load is None or not load.cores:
+            return Planned(f"no node samples of {node}: the policy's cores and limits")
+        cores = sorted(load.cores)
+        critical = sorted(
+            {
+                i.core
+                for i in load.instances
+                if i.core in load.cores
+                and (spec := catalogue.FUNCTIONS.get(i.function)) is not None
+                and spec.kind == catalogue.ADVANCED
+            }
+        ) or sorted(set(s.latency_critical) & set(cores))
+        lows = [lo for lo, _ in load.frequencies.values() if lo]
+        highs = [hi for _, hi in load.frequencies.values() if hi]
+        del s.cores[:]
+        s.cores.extend(cores)
+        del s.latency_critical[:]
+        s.latency_critical.extend(critical)
+        if lows and highs and min(lows) <= max(highs):
+            s.min_frequency_khz, s.max_frequency_khz = min(lows), max(highs)
+        return Planned(
+            f"planned X-MAN on cores {','.join(map(str, cores))}: latency-critical "
+            f"{','.join(map(str, critical)) or 'none'} pinned at {s.max_frequency_khz} kHz, "
+            f"C-states off; the others {s.min_frequency_khz}..{s.max_frequency_khz} kHz"
+        )
 
     # --- Natif scale-out ---------------------------------------------------------------------
 
@@ -126,10 +172,9 @@ class Planner:
         service = candidates[0]
         advanced = _advanced(s)
         names = {catalogue.name_of(s.functions[i]) for i in advanced}
-        if (service, s.chain_id) in self.placed:
+        session = dets.subject_key(det)
+        if session in self.placed:
             raise Skip
-        if names and any(names & self.nodes.functions_on(c) for c in candidates):
-            raise Skip  # the session's path runs the chain already
         loads = {c: self.nodes.load(c) for c in candidates}
         known = [c for c in candidates if loads[c] is not None]
         nodes = []
@@ -168,19 +213,20 @@ class Planner:
                     raise PlanRefused("overload", str(exc)) from None
                 _pin(fn, f)
                 note += f"; {f.describe()}"
-        return Planned(note, service)
+        return Planned(note, session)
 
     def committed(self, planned: Planned, action: apb.Action) -> None:
-        """The placement passed the guards: the service node's chain is on its way."""
-        if planned.service:
-            self.placed[(planned.service, action.set_chain.chain_id)] = action.target.node_id
+        """The placement passed the guards: the session's chain is on its way."""
+        if planned.session:
+            self.placed[planned.session] = action.id
+            while len(self.placed) > self.max_placed:
+                self.placed.popitem(last=False)
 
     def forget(self, action: apb.Action) -> None:
         """The placement failed or was rolled back: the session may be placed again."""
-        chain = action.set_chain.chain_id
-        for key, node in list(self.placed.items()):
-            if key[1] == chain and node == action.target.node_id:
-                del self.placed[key]
+        for session, action_id in list(self.placed.items()):
+            if action_id == action.id:
+                del self.placed[session]
 
 
 class PlanRefused(Exception):
