@@ -444,8 +444,10 @@ class ClosedLoop:
             s.wait_for(agent, s.log_says(agent, "listening on"), 30)
             self.int_export = True
         except ServiceError:
-            if agent.alive() or not agent_refuses_int_export(agent.tail(40)):
+            if agent.alive() or not agent_refuses_int_export(
+                    agent.log.read_text(errors="replace")):
                 raise
+            s.discard(agent)
             self.notes.add(f"{c.node}: the node agent has no INT source yet ([int_export] "
                            "refused): no INT reports in this run", say)
             agent = self._start_agent(c.node, core_agent_toml(
