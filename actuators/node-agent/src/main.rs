@@ -190,6 +190,15 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_
     watch_sampler(&agent, metrics.clone(), stop_guard.clone())?;
     // The INT source (`[int_export]`): postcards of the agent's queues to the INT collector.
     let _int = match &int_export {
+        Some(s) => {
+            let weak = Arc::downgrade(&agent);
+            let managed = move || weak.upgrade().map(|a| a.managed_interfaces()).unwrap_or_default();
+            cgloop_node_agent::int_export::start(s, agent.int_maps()?, Box::new(managed), metrics.int_export.clone())?
+        }
+        None => None,
+    };
+    // The INT source (`[int_export]`): postcards of the agent's queues to the INT collector.
+    let _int = match &int_export {
         Some(s) => cgloop_node_agent::int_export::start(s, agent.int_maps()?, agent.subscribe(), metrics.int_export.clone())?,
         None => None,
     };

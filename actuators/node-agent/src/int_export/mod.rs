@@ -22,12 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use cgloop_obs::TotalCounter;
-use cgloop_proto::v1::NodeState;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 use encode::Postcard;
 use event::Event;
@@ -137,12 +135,15 @@ fn cfg_bytes(s: &IntExportSettings, enabled: bool) -> Vec<u8> {
     b
 }
 
-/// Starts the exporter (None when `[int_export]` is off). `state` is the agent's state feed
-/// (its queue hierarchies say which interfaces are reported).
+/// The interfaces the agent holds a queue hierarchy on (`Agent::managed_interfaces`).
+pub type Managed = Box<dyn Fn() -> Vec<String> + Send>;
+
+/// Starts the exporter (None when `[int_export]` is off). `managed` names the interfaces with
+/// a queue hierarchy (read about twice a second: only those are reported).
 pub fn start(
     settings: &IntExportSettings,
     maps: IntMaps,
-    state: watch::Receiver<(NodeState, String)>,
+    managed: Managed,
     metrics: Arc<IntMetrics>,
 ) -> Result<Option<Exporter>> {
     if !settings.enabled {
@@ -161,7 +162,7 @@ pub fn start(
         .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
         .context("writing int_cfg")?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut run = Run::new(settings.clone(), maps, state, metrics, udp);
+    let mut run = Run::new(settings.clone(), maps, managed, metrics, udp);
     let flag = stop.clone();
     let thread = std::thread::Builder::new()
         .name("int-export".into())
@@ -179,7 +180,7 @@ pub fn start(
 struct Run {
     s: IntExportSettings,
     maps: IntMaps,
-    state: watch::Receiver<(NodeState, String)>,
+    managed: Managed,
     metrics: Arc<IntMetrics>,
     batcher: Batcher<Udp>,
     /// Interface name -> ifindex currently in int_ifaces.
@@ -208,7 +209,7 @@ impl Run {
     fn new(
         s: IntExportSettings,
         maps: IntMaps,
-        state: watch::Receiver<(NodeState, String)>,
+        managed: Managed,
         metrics: Arc<IntMetrics>,
         udp: Udp,
     ) -> Self {
@@ -223,7 +224,7 @@ impl Run {
         Self {
             s,
             maps,
-            state,
+            managed,
             metrics,
             batcher,
             active: BTreeMap::new(),
@@ -252,6 +253,7 @@ impl Run {
         };
         let tick = Duration::from_millis(self.s.flush_interval_ms);
         let mut housekeeping = Instant::now() - Duration::from_secs(1);
+        let mut rounds = 0u64;
         self.sync_interfaces()?;
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
@@ -272,11 +274,12 @@ impl Run {
             if let Some(e) = self.batcher.take_error() {
                 tracing::warn!(collector = %self.s.collector, "sending INT reports: {e}");
             }
-            if matches!(self.state.has_changed(), Ok(true)) {
-                self.sync_interfaces()?;
-            }
             if now.duration_since(housekeeping) >= Duration::from_millis(200) {
                 housekeeping = now;
+                rounds += 1;
+                if rounds % 3 == 0 {
+                    self.sync_interfaces()?;
+                }
                 self.read_counters();
                 self.clock_offset = clock_offset();
                 let unparsed = *lost_parse.borrow();
@@ -343,14 +346,7 @@ impl Run {
     /// int_ifaces := the configured interfaces that have a queue hierarchy (by their current
     /// ifindex); a configured interface without one is named in a warning.
     fn sync_interfaces(&mut self) -> Result<()> {
-        let managed: Vec<String> = self
-            .state
-            .borrow_and_update()
-            .0
-            .queues
-            .iter()
-            .map(|h| h.interface_name.clone())
-            .collect();
+        let managed = (self.managed)();
         let mut want = BTreeMap::new();
         let mut waiting = Vec::new();
         for name in &self.s.interfaces {
@@ -367,6 +363,9 @@ impl Run {
                     waiting.push(name.clone());
                 }
             }
+        }
+        if want == self.active && waiting == self.waiting {
+            return Ok(());
         }
         for (name, ifindex) in &self.active {
             if want.get(name) != Some(ifindex) {
