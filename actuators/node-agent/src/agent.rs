@@ -921,11 +921,6 @@ impl Agent {
         self.lock().dp.int_maps()
     }
 
-    /// The INT source's datapath maps (src/int_export).
-    pub fn int_maps(&self) -> anyhow::Result<crate::int_export::IntMaps> {
-        self.lock().dp.int_maps()
-    }
-
     /// The interfaces the agent holds a queue hierarchy on (what the INT source may report).
     pub fn managed_interfaces(&self) -> Vec<String> {
         self.lock().desired.queues.keys().cloned().collect()

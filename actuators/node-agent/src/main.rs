@@ -197,11 +197,6 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_
         }
         None => None,
     };
-    // The INT source (`[int_export]`): postcards of the agent's queues to the INT collector.
-    let _int = match &int_export {
-        Some(s) => cgloop_node_agent::int_export::start(s, agent.int_maps()?, agent.subscribe(), metrics.int_export.clone())?,
-        None => None,
-    };
     let result = run_server(agent.clone(), listen, tls, metrics);
     // Whatever ended the server (signal or error): what was acknowledged goes to the journal.
     stop_guard.store(true, std::sync::atomic::Ordering::Relaxed);
