@@ -13,9 +13,14 @@ from rich.table import Table
 console = Console()
 
 NameOpt = typer.Option("cgl", "--name", help="lab name: namespaces are NAME-<node>")
-TopoOpt = typer.Option(None, "--topology", help="topology YAML (default: the shipped one)")
+TopoOpt = typer.Option(
+    None, "--topology", help="topology YAML (default: the shipped lab v2; topology-v1.yaml in "
+    "the package's data folder is the one-edge lab)"
+)
 StateOpt = typer.Option(None, "--state-dir", help="where the lab records what it created")
-ScenarioOpt = typer.Option(None, "--scenario", help="scenario YAML (default: the shipped one)")
+ScenarioOpt = typer.Option(
+    None, "--scenario", help="scenario YAML (default: the shipped one, for lab v2)"
+)
 
 
 def _lab(name: str, topology: Path | None, state_dir: Path | None):
