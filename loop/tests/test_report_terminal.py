@@ -38,7 +38,7 @@ def _report() -> LoopReport:
             "action_results": 77, "int_reports": 123456789, "queue_samples": 99999}
     return LoopReport(run_dir="/run", slo_p99_ms=20, loop="two-level loop",
                       faults=[o, quiet], gaming_flows_classified=3, rows=rows,
-                      notes=["power: an emulated sysfs tree"], onos={"flows": 2})
+                      notes=["power: an emulated sysfs tree", "core: ([int_export] refused)"], onos={"flows": 2})
 
 
 def _cells(text: str) -> list[list[str]]:
@@ -85,6 +85,7 @@ def test_terminal_table_fits_100_columns_and_folds_long_values(console_width):
     assert f"{LONG_ACTION}2/2" in flat and "onos_flow_rule2/0" in flat, text
     assert "queue_protection_sanction(node)2" in flat and "release" not in flat, text
     assert "ONOScontractserverrecorded:flows2" in flat and "emulatedsysfs" in flat, text
+    assert "([int_export]refused)" in flat, text  # a note is plain text, not rich markup
 
 
 def test_levers_count_what_acted_and_what_was_verified():

@@ -186,7 +186,7 @@ class LoopOptions:
 
 # A gaming session that joins mid-scenario is a trial of its own (`session_join`): the loop
 # must classify it and place its chain (LB / LC / LBLC) within this long after it starts.
-JOIN_WATCH_S = 5.0
+JOIN_WATCH_S = 8.0
 SESSION_JOIN = "session_join"
 
 

@@ -481,11 +481,12 @@ def print_report(report: LoopReport, console: Console) -> None:
     t = Table(title=f"cgloop closed loop ({report.loop}): gaming SLO p99 < "
               f"{report.slo_p99_ms:g} ms; times in ms after the fault's onset",
               show_lines=True, width=width)
-    for col, ratio in (("fault", 3), ("first lever (level) node", 3), ("detected", 2),
-                       ("decided / applied / verified", 2), ("recovered", 2),
-                       ("engine's levers: level node: verdict", 4),
-                       ("gaming p99 before / during / after", 2)):
-        t.add_column(col, ratio=ratio, overflow="fold")
+    for col, ratio, least in (
+            ("fault", 3, 10), ("first lever (level) node", 3, 10), ("detected", 2, 8),
+            ("decided / applied / verified", 2, 8), ("recovered", 2, 9),
+            ("engine's levers: level node: verdict", 4, 12),
+            ("gaming p99 before / during / after", 2, 8)):
+        t.add_column(col, ratio=ratio, min_width=least, overflow="fold")
     for o in report.faults:
         rec = ("not affected" if not o.affected
                else _f(o.ms(o.recovered_ns)) if o.recovered_ns else "not within the fault")
@@ -500,8 +501,8 @@ def print_report(report: LoopReport, console: Console) -> None:
             f"{_f(o.after.p99_ms, '{:.1f}')} ms",
         )
     console.print(t, width=width)
-    for line in summary_lines(report):
-        console.print(line, width=width, overflow="fold")
+    for line in summary_lines(report):  # plain text: a note may hold [brackets]
+        console.print(line, width=width, overflow="fold", markup=False, highlight=False)
 
 
 def _plot(report: LoopReport, trials_packets: dict[str, list[Packets]]) -> str:
