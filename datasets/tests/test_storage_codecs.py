@@ -108,7 +108,12 @@ if upto:
     out["parts_before"] = client.query(
         "SELECT table, count() FROM system.parts WHERE database = 'cgloop' AND active"
         " GROUP BY table").result_rows
-out["applied"] = migrate(client)
+# Up to 0014, the migration under test (a later one may rewrite a column, and the rows with it).
+with tempfile.TemporaryDirectory() as tmp:
+    for m in discover(default_migrations_dir()):
+        if m.version <= 14:
+            shutil.copy(default_migrations_dir() / m.name, tmp)
+    out["applied"] = migrate(client, Path(tmp))
 # MATERIALIZE INDEX is a background mutation: wait for it (and fail on one that fails).
 deadline = time.time() + 60
 while time.time() < deadline:

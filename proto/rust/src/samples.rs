@@ -270,7 +270,13 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         ],
         functions: vec![
             function("router", 0, 1_000_000),
-            function("nat", 1, 999_000),
+            // The second instance of a user-space function, with its load and ring losses.
+            FunctionCounters {
+                instance: 1,
+                busy_ratio: Some(0.625),
+                rx_dropped: 12,
+                ..function("nat", 1, 999_000)
+            },
         ],
         power_watts: Some(42.5),
         energy_joules: Some(12_345.25),
@@ -515,17 +521,22 @@ fn sample_chain_functions() -> Vec<ChainFunction> {
             0,
             0,
         ),
-        f(
-            F::Dpi(Dpi {
-                pattern: Some(dpi::Pattern::Text("GFN".to_owned())),
-                depth: Some(64),
-                on_match: Some(dpi::OnMatch::MarkDscp(34)),
-            }),
-            FunctionKind::Advanced,
-            2,
-            0,
-            0,
-        ),
+        ChainFunction {
+            // Natif's scale-out: two instances, one per core.
+            instances: 2,
+            instance_cores: vec![2, 3],
+            ..f(
+                F::Dpi(Dpi {
+                    pattern: Some(dpi::Pattern::Text("GFN".to_owned())),
+                    depth: Some(64),
+                    on_match: Some(dpi::OnMatch::MarkDscp(34)),
+                }),
+                FunctionKind::Advanced,
+                2,
+                0,
+                0,
+            )
+        },
         f(
             F::Dpi(Dpi {
                 pattern: Some(dpi::Pattern::Hex("4746".to_owned())),

@@ -49,6 +49,10 @@ class NoCapacity(ValueError):
     """No placement of the function keeps it under margin x R_max; the text says why."""
 
 
+class Inadmissible(NoCapacity):
+    """CALVIN's admission control refuses the chain (latency budget, free cores)."""
+
+
 @dataclass(frozen=True)
 class Fit:
     function: str
@@ -126,25 +130,48 @@ def fit(
         ),
         key=lambda c: (other_load(load, c, function), c),
     )
+    if min_instances > max_instances:
+        raise NoCapacity(
+            f"{function} on {load.node_id}: {min_instances} instances asked, at most "
+            f"{max_instances} (the agent's [bounds] max_function_instances)"
+        )
     offered = sum(i.pps for i in load.of(function))
     t = t_cpu(load, function)
-    if t is not None and margin * overload.r_max_pps(t) > 0:
+    lo = max(1, min_instances)
+    if t is not None:
         # Natif's instantiation: ceil(required / per-instance capacity), on an idle core.
-        min_instances = max(min_instances, math.ceil(offered / (margin * overload.r_max_pps(t))))
-    tries = list(range(max(1, min_instances), max_instances + 1))
-    if min_instances > 1:
+        lo = max(lo, math.ceil(offered / (margin * overload.r_max_pps(t))))
+    tries = list(range(min(lo, max_instances), max_instances + 1))
+    if tries[0] > 1:
         tries.append(1)  # no scale-out fits: CALVIN re-placement of the single instance
-    last: list[str] = [f"no free core on {load.node_id} (cores {sorted(load.cores)})"]
+    seen: dict[str, None] = {}  # every attempt's problems, in order, once each
     for n in tries:
         if n > len(candidates):
-            last = [f"{n} instances need {n} free cores, {len(candidates)} available"]
+            seen[f"{n} instances need {n} free cores, {len(candidates)} available"] = None
             continue
         cores = candidates[:n]
         limits, problems = _check_cores(load, function, cores, margin)
         if not problems:
             return Fit(function, n, tuple(cores), offered, t, tuple(limits))
-        last = problems
-    raise NoCapacity(f"{function} on {load.node_id}: " + "; ".join(last))
+        seen.update(dict.fromkeys(problems))
+    if not candidates:
+        seen[f"no free core on {load.node_id} (cores {sorted(load.cores)})"] = None
+    raise NoCapacity(f"{function} on {load.node_id}: " + "; ".join(seen))
+
+
+def pin(chain: apb.SetChainAction, index: int, f: Fit) -> None:
+    """Function `index` of the chain on the instances and cores `f` chose, those cores first
+    among the chain's free cores (CALVIN's placement hands them out in order). Core 0 is "not
+    pinned" in the contract: an instance placed there runs where the scheduler puts it."""
+    fn = chain.functions[index]
+    fn.instances = f.instances if f.instances > 1 else 0
+    del fn.instance_cores[:]
+    if f.instances > 1:
+        fn.instance_cores.extend(f.cores)
+    fn.core = f.cores[0]
+    rest = [c for c in chain.free_cores if c not in f.cores]
+    del chain.free_cores[:]
+    chain.free_cores.extend([*f.cores, *rest])
 
 
 @dataclass(frozen=True)
@@ -174,7 +201,7 @@ class OverloadGuard:
         try:
             placed = place_chain(spec)
         except ActuatorError as exc:
-            raise NoCapacity(str(exc)) from None
+            raise Inadmissible(str(exc)) from None
         load = self.nodes.load(node_id)
         if load is None:
             return Checked(spec, f"no node samples of {node_id} yet: R_max not checked")
@@ -202,17 +229,12 @@ class OverloadGuard:
                 allowed=spec.free_cores or None,
             )
             taken.update(f.cores)
-            target = out.functions[i]
-            target.instances = f.instances if f.instances > 1 else 0
-            del target.instance_cores[:]
-            if f.instances > 1:
-                target.instance_cores.extend(f.cores)
-            target.core = f.cores[0]
+            pin(out, i, f)
             replanned = True
             notes.append(f"re-planned ({'; '.join(problems)}): {f.describe()}")
         if replanned:
             try:
                 place_chain(out)  # the re-plan still passes CALVIN's admission
             except ActuatorError as exc:
-                raise NoCapacity(f"re-planned chain refused: {exc}") from None
+                raise Inadmissible(f"re-planned chain refused: {exc}") from None
         return Checked(out, "; ".join(notes))

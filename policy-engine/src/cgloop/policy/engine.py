@@ -419,7 +419,8 @@ class Engine:
             checked = self.overload.check(action.target.node_id, action.set_chain)
         except capacity.NoCapacity as exc:
             self._planned.pop(action.id, None)
-            return Refusal("overload", str(exc)), proposal
+            guard = "admission" if isinstance(exc, capacity.Inadmissible) else "overload"
+            return Refusal(guard, str(exc)), proposal
         if checked.note.startswith("re-planned"):
             self.stats.replanned += 1
         if checked.note:
@@ -541,6 +542,8 @@ class Engine:
             else verify.rollback_verdicts(policy)
         )
         applied = entry.result.applied_ns
+        # The expectation's probes only (expect.probe_dscp), when it names them.
+        only = {"dscp": expect.probe_dscp} if expect and expect.probe_dscp is not None else {}
         if node_facts.is_node_record(action):
             # The node's guard moves a flow as a queue builds, before the flow's SLO breaks:
             # the window before the move is the fault's onset or no fault at all, so the
@@ -551,9 +554,9 @@ class Engine:
             )
         else:
             before = self.telemetry.read(
-                e.metric, action, applied - baseline_ns, applied, phase="before"
+                e.metric, action, applied - baseline_ns, applied, phase="before", **only
             )
-        after = self.telemetry.read(e.metric, action, applied, applied + e.within_ns)
+        after = self.telemetry.read(e.metric, action, applied, applied + e.within_ns, **only)
         now = self.clock()
         if after is None and now < applied + e.within_ns + int(self.verify_grace_s * NS):
             heapq.heappush(self._due, (now + NS // 10, action.id))

@@ -73,6 +73,10 @@ class AgentBounds:
     max_burst_bytes: int = 64 * 1024 * 1024
     # The agent's [guard] max_protected_flows (ProtectFlows).
     max_protected_flows: int = 256
+    # Each core's cpufreq range (cpuinfo_min_freq..cpuinfo_max_freq, kHz): a power policy's
+    # limits outside it are refused (power/manager.rs). The default takes any CPU's; the lab's
+    # emulated tree has 1.2..3.0 GHz (cgloop.loop.power).
+    cpuinfo_khz: tuple[int, int] = (400_000, 5_000_000)
 
     def interface(self, what: str, name: str) -> None:
         if not name:
@@ -513,6 +517,16 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
         def build(start: int) -> na.SetPowerPolicyResponse:
             for i, core in enumerate(request.policy.cores):
                 self.bounds.core(f"policy.cores[{i}]", core)
+            lo, hi = self.bounds.cpuinfo_khz
+            p = request.policy
+            low, high = p.min_frequency_khz or lo, p.max_frequency_khz or hi
+            if low < lo or high > hi or low > high:
+                core = p.cores[0] if p.cores else 0
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"power policy: limits {low}..{high} kHz outside the allowed {lo}..{hi} kHz "
+                    f"of policy{core} or inverted",
+                )
             prev = {c: self.state.power.get(c) for c in request.policy.cores}
             if not request.dry_run:
                 for c in request.policy.cores:
@@ -551,6 +565,34 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
             return resp
 
         return self._once("ProtectFlows", request, context, build)
+
+    def GetPowerState(self, request, context):
+        """What the agent reads back from its cpufreq/cpuidle tree: each core's limits and
+        governor as set (the kernel's defaults for a core never set), and C-states forbidden
+        where a policy forbade them (only POLL left enabled)."""
+        with self._lock:
+            self.calls.append(("GetPowerState", ""))
+            lo, hi = self.bounds.cpuinfo_khz
+            cores = list(request.cores) or list(self.bounds.online_cpus)
+            resp = na.GetPowerStateResponse(policies=_groups(self.state.power))
+            for core in cores:
+                pol = self.state.power.get(core)
+                low = (pol.min_frequency_khz if pol else 0) or lo
+                high = (pol.max_frequency_khz if pol else 0) or hi
+                resp.cores.add(
+                    core=core,
+                    frequency_khz=high,
+                    min_frequency_khz=low,
+                    max_frequency_khz=high,
+                    governor=(pol.governor if pol else "") or "schedutil",
+                )
+                forbidden = bool(pol and pol.forbid_cstates)
+                resp.idle.add(
+                    core=core,
+                    cstates_forbidden=forbidden,
+                    enabled_idle_states=["POLL"] if forbidden else ["POLL", "haltpoll"],
+                )
+            return resp
 
     def GetState(self, request, context):
         with self._lock:

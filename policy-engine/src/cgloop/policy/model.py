@@ -188,6 +188,10 @@ class Expect(Strict):
     # Also held to these function counters over the same window (set_chain only): the verdict
     # is `improved` only when the metric and every counter hold.
     also: list[CounterMetric] = Field(default_factory=list)
+    # probe.* metrics: only the probes sent with this DSCP (e.g. 46, the gaming class's), for
+    # an action without a flow of its own (a chain, a queue); absent: every probe that measures
+    # the action (cgloop.policy.telemetry.WindowStore).
+    probe_dscp: int | None = Field(default=None, ge=0, le=63)
 
     @field_validator("slo_profile")
     @classmethod

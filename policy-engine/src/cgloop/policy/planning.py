@@ -11,9 +11,10 @@ Two planners, both for `set_chain`, both reading the node samples (`nodes.NodeBo
 - `place` (Xiang thesis §2.3: LB / LC / LBLC, `planners.sfc`): a gaming session whose flow
   has no chain yet gets one on a node of its path. The candidates are the policy's `candidates`
   (e.g. the edge that saw the flow, "{label:node_id}", and the core router); the first one is
-  the service node (the session's edge). Each candidate is an `sfc.Node` whose load is the mean
-  utilisation of its cores and whose slots are its cores free for an advanced function (below
-  the overload margin, no advanced instance on them); a candidate without samples is left out
+  the service node (the session's edge). Each candidate is an `sfc.Node` whose load is the sum
+  of its cores' utilisation (cores' worth of work: a function placed adds one) and whose slots
+  are its cores free for an advanced function (below the overload margin, no advanced instance
+  on them) plus one per basic function; a candidate without samples is left out
   (none with samples: the service node). The heuristic maps the chain's functions onto them;
   since a node agent runs a class's whole chain, the node given the chain's advanced function
   (the one needing a core) gets the whole chain, on the core `capacity.fit` picks there. Each
@@ -152,9 +153,7 @@ class Planner:
             )
         except capacity.NoCapacity as exc:
             raise PlanRefused("overload", str(exc)) from None
-        _pin(fn, f)
-        del s.free_cores[:]
-        s.free_cores.extend(f.cores)
+        _pin(s, at[0], f)
         how = "scale-out" if f.instances > 1 else "re-placement (no scale-out fits)"
         return Planned(f"planned {how}: {f.describe()}")
 
@@ -184,9 +183,12 @@ class Planner:
             busy = {i.core for i in load.instances if i.function in catalogue.FUNCTIONS
                     and catalogue.FUNCTIONS[i.function].kind == catalogue.ADVANCED}
             free = [k for k, u in load.cores.items() if u < self.margin and k not in busy]
-            mean = sum(load.cores.values()) / len(load.cores) if load.cores else 0.0
+            # In cores' worth of work (the heuristics add 1 per function placed: a core each,
+            # CALVIN's rule for the advanced ones; basic ones cost as much in the count).
+            busy_cores = sum(load.cores.values())
             # Basic functions run in BPF on any node: one slot each beside the free cores.
-            nodes.append(sfc.Node(c, slots=len(free) + len(s.functions) - len(advanced), load=mean))
+            slots = len(free) + len(s.functions) - len(advanced)
+            nodes.append(sfc.Node(c, slots=slots, load=busy_cores))
         chain = na.ServiceChain(chain_id=s.chain_id, traffic_class=s.traffic_class)
         chain.functions.extend(s.functions)
         if nodes:
@@ -200,7 +202,7 @@ class Planner:
             node = service
         action.target.node_id = node
         why = ", ".join(
-            f"{n.name} (load {n.load:.0%}, {n.slots} slots)" for n in nodes
+            f"{n.name} (load {n.load:.1f} cores, {n.slots} slots)" for n in nodes
         ) or f"no node samples: the service node {service}"
         load = loads.get(node)
         note = f"placed by {plan.heuristic.value.upper()} on {node}: candidates {why}"
@@ -211,7 +213,7 @@ class Planner:
                     f = capacity.fit(load, catalogue.name_of(fn), margin=self.margin)
                 except capacity.NoCapacity as exc:
                     raise PlanRefused("overload", str(exc)) from None
-                _pin(fn, f)
+                _pin(s, i, f)
                 note += f"; {f.describe()}"
         return Planned(note, session)
 
@@ -235,9 +237,8 @@ class PlanRefused(Exception):
         self.refusal = Refusal(guard, reason)
 
 
-def _pin(fn: na.ChainFunction, f: capacity.Fit) -> None:
-    fn.instances = f.instances if f.instances > 1 else 0
-    del fn.instance_cores[:]
-    if f.instances > 1:
-        fn.instance_cores.extend(f.cores)
-    fn.core = f.cores[0]
+def _pin(chain: apb.SetChainAction, index: int, f: capacity.Fit) -> None:
+    """The function's instances on the cores `f` chose; those cores first among the chain's
+    free cores, which CALVIN's placement hands out in order (core 0 is "not pinned" in the
+    contract: a function placed there runs where the scheduler puts it)."""
+    capacity.pin(chain, index, f)

@@ -48,7 +48,8 @@ class TelemetryReader(Protocol):
         self, metric: str, action: apb.Action, start_ns: int, end_ns: int, phase: str = "after"
     ) -> Reading | None:
         """The metric over [start_ns, end_ns) for the action's subject; None without data.
-        `phase` is "before" for the baseline window ahead of the action, else "after"."""
+        `phase` is "before" for the baseline window ahead of the action, else "after".
+        (WindowStore also takes `dscp=`: only the probes sent with that DSCP.)"""
         ...
 
 
@@ -92,6 +93,8 @@ class WindowStore:
         self._lock = threading.Lock()
         # (probe target address, DSCP) -> [(sent_ns, rtt_ns or -1 when lost)] in time order
         self._probes: dict[tuple[str, int], deque[tuple[int, int]]] = defaultdict(deque)
+        # node that sent the probes (its source id's `<node>/…`) -> its (address, DSCP) keys
+        self._probe_nodes: dict[str, set[tuple[str, int]]] = defaultdict(set)
         # flow text -> [(interval_end_ns, FlowRecord summary tuple)]
         self._flows: dict[str, deque[tuple[int, tuple[int, int, int, int, int, int]]]] = (
             defaultdict(deque)
@@ -103,7 +106,9 @@ class WindowStore:
             for r in batch.records:
                 if r.overdue:
                     continue  # an early notice: the reply or the loss of that probe follows
-                q = self._probes[(addr_text(r.target_addr), r.dscp)]
+                key = (addr_text(r.target_addr), r.dscp)
+                self._probe_nodes[r.header.source_id.partition("/")[0]].add(key)
+                q = self._probes[key]
                 entry = (r.sent_ns, -1 if r.lost else r.rtt_ns)
                 if q and q[-1][0] > r.sent_ns:
                     # A loss is known only at its timeout, after newer replies: keep the
@@ -148,17 +153,38 @@ class WindowStore:
         keys = [t for t, _ in items]
         return items[bisect.bisect_left(keys, start_ns) : bisect.bisect_left(keys, end_ns)]
 
+    def _probe_keys(self, action: apb.Action) -> list[tuple[str, int]]:
+        """Whose probes measure the action: those to either endpoint of its flow; without a
+        flow (a chain, a queue, a node), those of the node it changed, or of the node its
+        interface leads to (the lab names an interface after the node at its other end: the
+        core's `edge1` leads to edge1, whose probes cross it), else every probe."""
+        flow = action.target.flow
+        if flow.src_addr or flow.dst_addr:
+            addrs = {addr_text(flow.dst_addr), addr_text(flow.src_addr)}
+            return [k for k in self._probes if k[0] in addrs]
+        for node in (action.target.node_id, action.target.interface_name):
+            if node and self._probe_nodes.get(node):
+                return sorted(self._probe_nodes[node])
+        return list(self._probes)
+
     def read(
-        self, metric: str, action: apb.Action, start_ns: int, end_ns: int, phase: str = "after"
+        self,
+        metric: str,
+        action: apb.Action,
+        start_ns: int,
+        end_ns: int,
+        phase: str = "after",
+        dscp: int | None = None,
     ) -> Reading | None:
         family, _, name = metric.partition(".")
         flow = action.target.flow
         with self._lock:
             if family == "probe" and name in PROBE_METRICS:
                 rows: list[tuple[int, int]] = []
-                addrs = {addr_text(flow.dst_addr), addr_text(flow.src_addr)}
-                keys = [k for k in self._probes if k[0] in addrs]
-                dscp = probe_dscp(action)
+                keys = self._probe_keys(action)
+                if dscp is not None:
+                    keys = [k for k in keys if k[1] == dscp]  # the expectation's probes only
+                dscp = probe_dscp(action) if dscp is None else None
                 if dscp is not None and any(d == dscp for _, d in keys):
                     # The flow's new queue is probed: after = that queue, before = the others.
                     keys = [k for k in keys if (k[1] == dscp) == (phase == "after")]

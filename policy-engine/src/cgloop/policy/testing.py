@@ -24,6 +24,7 @@ from cgloop.policy.fake_agent import (  # noqa: F401  (re-exported for the tests
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
+from cgloop.v1.node_pb2 import NodeSampleBatch
 from cgloop.v1.probe_pb2 import ProbeRecordBatch
 
 SERVER = "10.0.0.1"
@@ -92,14 +93,20 @@ def detection(
 
 
 def probes(
-    start_ns: int, end_ns: int, rtt_ns: int, target: str = CLIENT, every_ns: int = 50_000_000
+    start_ns: int,
+    end_ns: int,
+    rtt_ns: int,
+    target: str = CLIENT,
+    every_ns: int = 50_000_000,
+    dscp: int = 0,
+    source_id: str = "node-a/prober",
 ) -> ProbeRecordBatch:
     batch = ProbeRecordBatch()
     for i, t in enumerate(range(start_ns, end_ns, every_ns)):
         batch.records.add(
             header=RecordHeader(
                 schema_version=SCHEMA_VERSION,
-                source_id="node-a/prober",
+                source_id=source_id,
                 sequence=next(_seq),
                 timestamp_ns=t,
             ),
@@ -112,6 +119,7 @@ def probes(
             sent_ns=t,
             received_ns=t + rtt_ns,
             rtt_ns=rtt_ns,
+            dscp=dscp,
         )
     return batch
 
@@ -198,3 +206,57 @@ action:
   parameters: {{class_id: {class_id:#x}, rewrite_dscp: {dscp}}}
 guards: {guards}
 """
+
+
+@dataclass(frozen=True)
+class Fn:
+    """One function instance in `node_samples`: its rates over the samples' interval."""
+
+    name: str
+    core: int
+    pps: float
+    busy_ratio: float | None = None
+    rx_dropped_per_s: float = 0.0
+    instance: int = 0
+
+
+def node_samples(
+    node_id: str,
+    end_ns: int,
+    cores: dict[int, float],
+    functions: tuple[Fn, ...] = (),
+    count: int = 2,
+    interval_s: float = 1.0,
+    frequency_khz: tuple[int, int] = (1_200_000, 3_000_000),
+    start_counters: dict[tuple[str, int], tuple[int, int]] | None = None,
+) -> NodeSampleBatch:
+    """`count` samples of a node, `interval_s` apart and ending at `end_ns`: each core at the
+    given utilisation, each function instance's counters growing at its rates (from
+    `start_counters[(name, instance)]` = (packets, rx_dropped), else zero)."""
+    batch = NodeSampleBatch()
+    step = int(interval_s * 1e9)
+    for k in range(count):
+        at = end_ns - (count - 1 - k) * step
+        s = batch.records.add(header=_header(f"{node_id}/node-agent", at), node_id=node_id)
+        for core, util in sorted(cores.items()):
+            s.cores.add(
+                core=core,
+                utilization=util,
+                frequency_khz=frequency_khz[1],
+                min_frequency_khz=frequency_khz[0],
+                max_frequency_khz=frequency_khz[1],
+                governor="schedutil",
+            )
+        for f in functions:
+            packets0, dropped0 = (start_counters or {}).get((f.name, f.instance), (0, 0))
+            c = s.functions.add(
+                function_name=f.name,
+                core=f.core,
+                instance=f.instance,
+                packets=packets0 + int(f.pps * interval_s * k),
+                forwarded_packets=packets0 + int(f.pps * interval_s * k),
+                rx_dropped=dropped0 + int(f.rx_dropped_per_s * interval_s * k),
+            )
+            if f.busy_ratio is not None:
+                c.busy_ratio = f.busy_ratio
+    return batch

@@ -226,11 +226,14 @@ def sample_node_sample_batch() -> node_pb2.NodeSampleBatch:
             last_packet_ns=T0_NS + 3_000_000 + core,
         )
 
+    # The second instance of a user-space function, with its load and ring losses.
+    second_instance = function("nat", 1, 999_000)
+    second_instance.instance, second_instance.busy_ratio, second_instance.rx_dropped = 1, 0.625, 12
     sample = node_pb2.NodeSample(
         header=_header("node-a/agent", 11, T0_NS + 5_000_000),
         node_id="node-a",
         cores=[core(0, 2_400_000, "userspace", 0.75), core(1, 1_200_000, "performance", 0.25)],
-        functions=[function("router", 0, 1_000_000), function("nat", 1, 999_000)],
+        functions=[function("router", 0, 1_000_000), second_instance],
         power_watts=42.5,
         energy_joules=12_345.25,
         queues=[
@@ -404,8 +407,12 @@ def _sample_chain_functions() -> list[node_agent_pb2.ChainFunction]:
         na.ChainFunction(mark=na.Mark(dscp=46, ecn=1), kind=na.FUNCTION_KIND_BASIC),
         na.ChainFunction(rate_limit=na.RateLimit(rate_bps=50_000_000, burst_bytes=15_000)),
         na.ChainFunction(mirror=na.Mirror(interface="veth-tap")),
-        na.ChainFunction(
-            dpi=na.Dpi(text="GFN", depth=64, mark_dscp=34), kind=na.FUNCTION_KIND_ADVANCED, core=2
+        na.ChainFunction(  # Natif's scale-out: two instances, one per core
+            dpi=na.Dpi(text="GFN", depth=64, mark_dscp=34),
+            kind=na.FUNCTION_KIND_ADVANCED,
+            core=2,
+            instances=2,
+            instance_cores=[2, 3],
         ),
         na.ChainFunction(dpi=na.Dpi(hex="4746", drop=na.DpiDrop()), core=3),
     ]
