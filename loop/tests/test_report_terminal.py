@@ -38,7 +38,8 @@ def _report() -> LoopReport:
             "action_results": 77, "int_reports": 123456789, "queue_samples": 99999}
     return LoopReport(run_dir="/run", slo_p99_ms=20, loop="two-level loop",
                       faults=[o, quiet], gaming_flows_classified=3, rows=rows,
-                      notes=["power: an emulated sysfs tree", "core: ([int_export] refused)"], onos={"flows": 2})
+                      notes=["power: an emulated sysfs tree", "core: ([int_export] refused)"],
+                      onos={"flows": 2})
 
 
 def _cells(text: str) -> list[list[str]]:

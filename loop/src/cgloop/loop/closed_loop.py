@@ -326,6 +326,8 @@ class ClosedLoop:
         self.agent_pid: int | None = None
         self.agent_pids: dict[str, int] = {}
         self.onos = None  # the ONOS contract server (cgloop.actuators.onos.contract)
+        self.analytics_workers: list[Service] = []
+        self.analytics_group = ""
         self.int_export = False  # whether the core's agent is the lab's INT source
         self.notes = Notes()
 
@@ -508,6 +510,18 @@ class ClosedLoop:
             self.settings.bootstrap_servers, analytics_group, ANALYTICS_TOPICS), 120)
         say(f"{len(workers)} analytics workers in group {analytics_group} "
             f"(caught up in {time.monotonic() - t:.1f} s)")
+        self.analytics_workers, self.analytics_group = workers, analytics_group
+
+    def wait_caught_up(self, say=lambda _msg: None, timeout_s: float = 120.0) -> None:
+        """The analytics group has handled what the topics held a moment ago: what the
+        services wrote while the rest of the loop started (the engine, the ONOS server) is
+        backlog, and a worker that took partitions replays `rebuild_s` of them first."""
+        if not self.analytics_workers:
+            return
+        t = time.monotonic()
+        self.services.wait_for(self.analytics_workers[0], group_caught_up(
+            self.settings.bootstrap_servers, self.analytics_group, ANALYTICS_TOPICS), timeout_s)
+        say(f"analytics caught up again in {time.monotonic() - t:.1f} s")
 
     def _start_onos(self, say) -> None:
         """The ONOS contract server on loopback, with the core as its one switch: no ONOS runs
@@ -562,6 +576,7 @@ class ClosedLoop:
         flows (new ports, so nothing the loop did in an earlier trial protects them), `lead_s`
         of normal traffic, the fault, `tail_s` to recover and settle."""
         assert self.lab is not None and self.scenario is not None
+        self.wait_caught_up(say)
         trials = []
         for i, sc in enumerate(split_trials(self.scenario, self.options)):
             name = f"trial{i:02d}-{sc.faults[0].kind if sc.faults else SESSION_JOIN}"
