@@ -192,6 +192,58 @@ def test_catalogue_reads_the_policy_form_and_names_what_is_wrong() -> None:
         catalogue.function({"mark": {"dscp": "high"}})
 
 
+def test_scale_out_refusals_name_the_field_and_the_accepted_values() -> None:
+    """Natif's scale-out as the agent checks it (bounds.rs `instances`), same words."""
+    mark = catalogue.function({"mark": {"dscp": 1}})
+    dpi = catalogue.function({"dpi": {"text": "G", "drop": {}}})
+    mark.instances = 2
+    with pytest.raises(catalogue.CatalogueError, match=re.escape(
+        'chain function #0 "mark": instances 2 is not within 0..1: only advanced functions '
+        "scale out"
+    )):
+        catalogue.check_chain(na.ServiceChain(traffic_class="g", functions=[mark]))
+    dpi.instances = 5
+    catalogue.check_instances(dpi, 1)  # no bound given: the planner's view
+    with pytest.raises(catalogue.CatalogueError, match=re.escape(
+        'chain function #1 "dpi": instances 5 is not within 0..4 (the agent\'s [bounds] '
+        "max_function_instances)"
+    )):
+        catalogue.check_instances(dpi, 1, max_instances=4)
+    dpi.instances = 2
+    dpi.instance_cores.append(1)
+    with pytest.raises(catalogue.CatalogueError, match=re.escape(
+        "instance_cores has 1 entries; give one core per instance (2) or none"
+    )):
+        catalogue.check_instances(dpi, 1, max_instances=4)
+    dpi.instance_cores.append(0)
+    catalogue.check_instances(dpi, 1, max_instances=4)
+    one = catalogue.function({"dpi": {"text": "G", "drop": {}}})
+    one.instance_cores.append(1)  # instances 0 is one instance
+    catalogue.check_instances(one, 0, max_instances=1)
+
+
+def test_the_fake_agent_bounds_instance_cores_like_the_agent() -> None:
+    from cgloop.policy.fake_agent import AgentBounds, Refused
+
+    dpi = catalogue.function({"dpi": {"text": "G", "drop": {}}})
+    dpi.instances, dpi.instance_cores[:] = 2, [0, 7]
+    bounds = AgentBounds(online_cpus=[0, 1], cores=[0, 1])
+    with pytest.raises(Refused, match=re.escape(
+        'chain function #0 "dpi": instance_cores[1]: core 7 does not exist on this node '
+        "(online CPUs: 0-1)"
+    )):
+        bounds.chain(na.ServiceChain(traffic_class="g", functions=[dpi]))
+    dpi.instance_cores[:] = [0, 1]
+    bounds.chain(na.ServiceChain(traffic_class="g", functions=[dpi]))
+    bounds.cores = [0]
+    with pytest.raises(Refused, match=re.escape("instance_cores[1]: core 1 is not in")):
+        bounds.chain(na.ServiceChain(traffic_class="g", functions=[dpi]))
+    dpi.instances = 5
+    with pytest.raises(Refused, match=re.escape("instances 5 is not within 0..4")) as err:
+        bounds.chain(na.ServiceChain(traffic_class="g", functions=[dpi]))
+    assert err.value.code.name == "INVALID_ARGUMENT"
+
+
 def test_calvin_order_and_declared_kind() -> None:
     dpi = catalogue.function({"dpi": {"text": "G", "drop": {}}})
     acl = catalogue.function({"acl": {"proto": 6}})

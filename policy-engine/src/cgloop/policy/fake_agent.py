@@ -69,6 +69,8 @@ class AgentBounds:
     max_rate_bps: int = 100_000_000_000
     max_chain_functions: int = 8
     max_chains: int = 128
+    # Natif's scale-out: most instances of an advanced function (ChainFunction.instances).
+    max_function_instances: int = 4
     max_classes: int = 64
     max_burst_bytes: int = 64 * 1024 * 1024
     # The agent's [guard] max_protected_flows (ProtectFlows).
@@ -122,6 +124,15 @@ class AgentBounds:
             at = f'chain function #{pos} "{catalogue.name_of(fn)}"'
             if fn.core:  # 0: not pinned
                 self.core(f"{at}: core", fn.core)
+            if catalogue.spec_of(fn) is None:
+                continue  # the catalogue check names it
+            try:
+                catalogue.check_instances(fn, pos, self.max_function_instances)
+            except catalogue.CatalogueError as e:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+            for i, core in enumerate(fn.instance_cores):
+                if core:  # 0: not pinned
+                    self.core(f"{at}: instance_cores[{i}]", core)
             for param, value in catalogue.values(fn):
                 if param.interface and param.type == "str":
                     self.interface(f"{at}: parameter {param.name}", value.strip())

@@ -261,11 +261,41 @@ def _payload_rules(fn: na.ChainFunction, pos: int) -> None:
             )
 
 
+def check_instances(fn: na.ChainFunction, pos: int, max_instances: int | None = None) -> None:
+    """Natif's scale-out of one function as the agent checks it (bounds.rs `instances`):
+    `instances` > 1 only for an advanced function and at most `max_instances` (the agent's
+    `[bounds] max_function_instances`; None: not checked), `instance_cores` empty or one core
+    per instance. The cores themselves are the bounds' to check. Raises CatalogueError."""
+    spec = spec_of(fn)
+    if spec is None:
+        return
+    at = f'chain function #{pos} "{spec.name}"'
+    if fn.instances > 1 and spec.kind != ADVANCED:
+        raise CatalogueError(
+            f"{at}: instances {fn.instances} is not within 0..1: only advanced functions scale "
+            "out (a basic function runs in BPF on every core that receives the packet)"
+        )
+    if max_instances is not None and fn.instances > max_instances:
+        raise CatalogueError(
+            f"{at}: instances {fn.instances} is not within 0..{max_instances} (the agent's "
+            "[bounds] max_function_instances)"
+        )
+    n = max(fn.instances, 1)
+    if fn.instance_cores and len(fn.instance_cores) != n:
+        raise CatalogueError(
+            f"{at}: instance_cores has {len(fn.instance_cores)} entries; give one core per "
+            f"instance ({n}) or none"
+        )
+
+
 def check_chain(chain: na.ServiceChain) -> list[Function]:
     """What the agent checks of a chain after its bounds (chains.rs `compile`): every function
     (`check`), then in packet order CALVIN's rule (basic functions run in BPF before the
     hand-over to user space, so none follows an advanced one) and each user-space function's
-    own rules. Returns the catalogue entries; raises CatalogueError."""
+    own rules, and each function's scale-out (`check_instances`, without the agent's bound).
+    Returns the catalogue entries; raises CatalogueError."""
+    for pos, fn in enumerate(chain.functions):
+        check_instances(fn, pos)
     specs = [check(fn, pos) for pos, fn in enumerate(chain.functions)]
     seen_advanced = False
     for pos, (fn, spec) in enumerate(zip(chain.functions, specs, strict=True)):
