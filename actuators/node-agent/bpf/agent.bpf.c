@@ -526,9 +526,16 @@ int cgl_xsk_rx(struct xdp_md *ctx)
 	/* Copy mode: a socket takes frames of the queue it is bound to only, so each instance
 	 * has its own port (one queue); its socket sits at the instance's index. */
 	__u32 ifindex = ctx->ingress_ifindex;
-	__u32 *q = bpf_map_lookup_elem(&xsk_of_if, &ifindex);
+	__u32 queue = ctx->rx_queue_index;
+	__u32 *q;
 
-	return bpf_redirect_map(&xsks, q ? *q : ctx->rx_queue_index, XDP_PASS_);
+	/* a plain value: the compiler may not merge the two loads into one through a pointer
+	 * that is either the map value or the context (the verifier refuses the latter) */
+	asm volatile("" : "+r"(queue));
+	q = bpf_map_lookup_elem(&xsk_of_if, &ifindex);
+	if (q)
+		queue = *q;
+	return bpf_redirect_map(&xsks, queue, XDP_PASS_);
 }
 
 SEC("tc")
