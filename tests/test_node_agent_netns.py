@@ -365,6 +365,14 @@ def fn(spec: dict | str, kind: int = 0, core: int = 0) -> na.ChainFunction:
     return out
 
 
+def scaled(f: na.ChainFunction, instances: int, cores: list[int] | None = None
+           ) -> na.ChainFunction:
+    """`f` run by `instances` instances (Natif's scale-out), pinned to `cores` when given."""
+    f.instances = instances
+    f.instance_cores.extend(cores or [])
+    return f
+
+
 def chain(cls: str, *fns: na.ChainFunction) -> na.ServiceChain:
     return na.ServiceChain(chain_id=f"{cls}-chain", traffic_class=cls, functions=fns)
 
@@ -665,6 +673,17 @@ def bad_chains(lab: Lab) -> dict[str, na.ServiceChain]:
             "gaming", fn({"dpi": {"text": "G", "drop": {}}}), fn({"mark": {"dscp": 1}})
         ),
         "core 9999": chain("gaming", fn({"dpi": {"text": "x", "mark_dscp": 1}}, adv, 9999)),
+        # Natif's scale-out (ChainFunction.instances / instance_cores).
+        "instances on a basic function": chain("gaming", scaled(fn({"mark": {"dscp": 1}}), 2)),
+        "instances over the bound": chain(
+            "gaming", scaled(fn({"dpi": {"text": "x", "drop": {}}}), 5)
+        ),
+        "instance_cores of another length": chain(
+            "gaming", scaled(fn({"dpi": {"text": "x", "drop": {}}}), 2, [0])
+        ),
+        "instance core 9999": chain(
+            "gaming", scaled(fn({"dpi": {"text": "x", "drop": {}}}), 2, [0, 9999])
+        ),
         "nine functions": chain("gaming", *[fn("forward")] * 9),
         "no traffic class": chain("", fn("forward")),
         "class no hierarchy has": chain("no-such-class", fn("forward")),
@@ -706,6 +725,12 @@ def test_the_memory_agent_refuses_what_the_real_agent_refuses(lab):
         requests[name] = ("SetChain", na.SetChainRequest(chain=bad), None, True)
     for where, good in shipped_chains(online):
         requests[where] = ("SetChain", na.SetChainRequest(chain=good), grpc.StatusCode.OK, True)
+    # Last, so GetState compares a scaled-out function's read-back (instances, instance_cores).
+    two = scaled(fn({"dpi": {"text": "G", "mark_dscp": 46}}), 2, [online[0], online[-1]])
+    requests["dpi on two instances"] = (
+        "SetChain", na.SetChainRequest(chain=chain("gaming", fn({"mark": {"dscp": 1}}), two)),
+        grpc.StatusCode.OK, True,
+    )
     with AgentServer(fake_agent) as server:
         fake = node_agent_pb2_grpc.NodeAgentServiceStub(grpc.insecure_channel(server.address))
         for name, (method, request, expected, same_message) in requests.items():
