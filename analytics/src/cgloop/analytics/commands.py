@@ -22,6 +22,32 @@ def _error(exc: Exception) -> None:
     console.print(f"[red]error[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
 
 
+def _pairs(values: list[str] | None, option: str, form: str) -> list[tuple[str, str]]:
+    """`KEY=VALUE` option values; a malformed one stops the command naming the option."""
+    out = []
+    for v in values or []:
+        key, sep, val = v.partition("=")
+        if not sep or not key.strip() or not val.strip():
+            raise typer.BadParameter(f"{v!r} is not {form}", param_hint=option)
+        out.append((key.strip(), val.strip()))
+    if option == "--int-switch":
+        for k, _ in out:
+            _number(k, option, k)
+    return out
+
+
+def _number(text: str, option: str, whole: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n < 2**32:
+        raise typer.BadParameter(
+            f"{whole!r}: {text!r} is not a switch id or port number (0..2^32-1)",
+            param_hint=option)
+    return n
+
+
 def default_model_path() -> Path:
     from cgloop.config import settings
 
@@ -101,6 +127,34 @@ def evaluate_cmd(
     print(json.dumps({"report": str(path), **ev.metrics()}, indent=2))
 
 
+def _print_reports(reports) -> None:
+    from rich.table import Table
+
+    out = Console()
+    for rep in reports:
+        t = Table(title=f"{rep.capture} (model {rep.model_version})", title_justify="left")
+        for col, just in (("flow", "left"), ("packets", "right"), ("s", "right"),
+                          ("label", "left"), ("platform", "left"), ("confidence", "right"),
+                          ("source", "left"), ("decided after", "right"), ("nDPI", "left")):
+            t.add_column(col, justify=just)
+        for c in rep.conversations:
+            platform = f"{c.platform} ({c.platform_source})" if c.platform else ""
+            decided = "never" if c.decision_s is None else f"{c.decision_s:.3f} s"
+            t.add_row(escape(c.flow), str(c.packets), f"{c.duration_s:.1f}", c.label,
+                      platform, f"{c.confidence:.2f}", c.source, decided, escape(c.ndpi_app))
+        out.print(t)
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in rep.share.items())
+        out.print(f"{len(rep.conversations)} conversations; label source: {shares}")
+        bad = {k: v for k, v in rep.counters.items()
+               if v and k not in ("packets", "accounted", "flows_created", "records",
+                                  "rtp_confirmed")}
+        if bad:
+            out.print("packets the probe's parser skipped: "
+                      + ", ".join(f"{k} {v}" for k, v in bad.items()))
+        if rep.dpi_error:
+            out.print(f"[yellow]signature path off:[/yellow] {escape(rep.dpi_error)}")
+
+
 def register(app: typer.Typer) -> None:
     sub = typer.Typer(
         help="Features, cloud-gaming flow classifier, SLO and abuse detectors, streaming worker",
@@ -115,8 +169,11 @@ def register(app: typer.Typer) -> None:
     @sub.command("run")
     def run(
         model: Annotated[Path | None, typer.Option(help="model file (cgloop train)")] = None,
-        group: Annotated[str, typer.Option(help="consumer group")] = "cgloop-analytics",
-        state: Annotated[Path | None, typer.Option(help="worker state file")] = None,
+        group: Annotated[str, typer.Option(
+            help="consumer group: workers started with the same group share the partitioned "
+                 "inputs (scale-out; docs/analytics.md)")] = "cgloop-analytics",
+        state: Annotated[Path | None, typer.Option(
+            help="worker state file, one per worker (default: per group)")] = None,
         max_idle_s: Annotated[float | None, typer.Option(help="exit after idle seconds")] = None,
         anomaly: Annotated[bool, typer.Option(help="emit flow-anomaly detections")] = True,
         slo_profile: Annotated[
@@ -134,6 +191,15 @@ def register(app: typer.Typer) -> None:
         latency_window_s: Annotated[
             float, typer.Option(help="average latency over windows of this length (0: off)")
         ] = 0.0,
+        int_switch: Annotated[list[str] | None, typer.Option(
+            help="INT switch id = node id, for switch-queue detections' node_id label "
+                 "(repeatable, e.g. 1=core)")] = None,
+        int_port: Annotated[list[str] | None, typer.Option(
+            help="INT switch id:egress port = interface name, their interface label "
+                 "(repeatable, e.g. 1:3=edge1)")] = None,
+        int_flow_latency: Annotated[bool, typer.Option(
+            help="take INT end-to-end latency as the flows' latency (only where the INT "
+                 "switches span the whole path)")] = False,
         metrics_addr: Annotated[str | None, metrics.option(Daemon.DAEMON_ANALYTICS)] = None,
     ) -> None:
         """Consume flows/INT/probes/nodes, emit detections to cgloop.detections.v1."""
@@ -150,6 +216,11 @@ def register(app: typer.Typer) -> None:
                 f"known: {', '.join(sorted(slo_table().deployments))}",
                 param_hint="--slo-profile",
             )
+        switch_nodes = {int(k): v for k, v in _pairs(int_switch, "--int-switch", "ID=NODE")}
+        switch_ports = {}
+        for k, v in _pairs(int_port, "--int-port", "ID:PORT=IFNAME"):
+            sw, _, port = k.partition(":")
+            switch_ports[(_number(sw, "--int-port", k), _number(port, "--int-port", k))] = v
         logs.setup()
         worker_metrics = WorkerMetrics()
         server = metrics.start(worker_metrics.registry, metrics_addr, Daemon.DAEMON_ANALYTICS)
@@ -164,7 +235,8 @@ def register(app: typer.Typer) -> None:
         engine = AnalyticsEngine(clf, version, EngineConfig(
             anomaly=anomaly, slo_profile=slo_profile,
             slo_min_duration_s=slo_min_duration_s, latency_min_duration_s=latency_min_duration_s,
-            latency_window_s=latency_window_s,
+            latency_window_s=latency_window_s, int_switch_nodes=switch_nodes,
+            int_switch_ports=switch_ports, int_flow_latency=int_flow_latency,
         ))
         st = settings()
         worker = Worker(engine, st.bootstrap_servers,
@@ -232,6 +304,48 @@ def register(app: typer.Typer) -> None:
                 n += 1
                 print(json.dumps(MessageToDict(d)))
         console.print(f"{n} detections from {len(recs)} records")
+
+    @sub.command("classify")
+    def classify(
+        files: Annotated[list[Path], typer.Argument(
+            help="captures to classify: pcap or pcapng, gzip-compressed or not")],
+        model: Annotated[Path | None, typer.Option(
+            help="model file (cgloop train); default: the one set-up trains")] = None,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="print one JSON document (a list, one report per capture) "
+            "instead of tables")] = False,
+        min_packets: Annotated[int, typer.Option(
+            min=1, help="leave out conversations with fewer packets (the training's floor)")] = 4,
+    ) -> None:
+        """Per conversation of each capture: class, platform, confidence, the source of the
+        label (nDPI's signature of a gaming platform, else the behavioural model on the probe's
+        records) and the time to decision. A capture that cannot be read or has no flows is
+        refused by name (exit 2) and the others are still classified."""
+        from cgloop.analytics.classify import NoFlows, classify_capture
+        from cgloop.analytics.model import ModelError, load
+
+        path = model or default_model_path()
+        if not path.exists():
+            _error(FileNotFoundError(f"no model at {path}: run `cgloop train` or pass --model"))
+            raise typer.Exit(2)
+        try:
+            clf, card = load(path)
+        except ModelError as exc:
+            _error(exc)
+            raise typer.Exit(2) from exc
+        reports, failed = [], 0
+        for f in files:
+            try:
+                reports.append(classify_capture(f, clf, card.version, min_packets=min_packets))
+            except (NoFlows, ValueError, OSError) as exc:
+                failed += 1
+                _error(exc if str(f) in str(exc) else ValueError(f"{f}: {exc}"))
+        if as_json:
+            print(json.dumps([r.model_dump() for r in reports], indent=2))
+        else:
+            _print_reports(reports)
+        if failed:
+            raise typer.Exit(2)
 
     @sub.command("model-key")
     def model_key_cmd() -> None:

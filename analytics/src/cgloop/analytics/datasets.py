@@ -11,8 +11,8 @@ Every source ends as LabelledFlow objects holding FlowRecords, so features alway
   an Xbox Cloud Gaming server in 13.104.0.0/16 on a port in 1000-1120 is `cloud_gaming`
   (platform xc); every other row is real background (`web_other`).
 * nDPI test pcaps (ntop/nDPI, LGPL-3.0): records from the probe's pcap twin
-  (`records.records_from_pcap`, i.e. `cgloop.pcaprecords`); each conversation is labelled from
-  nDPI's own dissection in the `.out` file next to the pcap.
+  (`records.records_from_pcap`, i.e. `cgloop.pcaprecords`); each conversation is labelled by
+  nDPI run on the capture (`dpi.dissect`, through nfstream), not from the `.out` files.
 * Synthetic platform profiles (`synthetic.py`): marked synthetic everywhere.
 """
 
@@ -21,13 +21,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import ipaddress
-import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from cgloop.analytics.dpi import dissect
 from cgloop.analytics.features import FEATURE_NAMES, conversations, window_features
 from cgloop.analytics.packets import Packet, records_from_packets
 from cgloop.analytics.records import NS, conversation_key, records_from_pcap
@@ -184,81 +184,26 @@ def xbox_flows(root: Path, max_background: int | None = None, seed: int = 0) -> 
 
 # ---------------------------------------------------------------- nDPI pcaps
 
-_OUT_LINE = re.compile(
-    r"^\s*\d+\s+(TCP|UDP)\s+(\[[^\]]+\]|[^\s\[]+?):(\d+)\s+<?->\s+(\[[^\]]+\]|[^\s\[]+?):(\d+)\s+"
-    r"(?:\[VLAN: \d+\])?\[proto: ([^\]]+)\].*?\[cat: ([^/\]]+)"
-)
-_CONTROL = {"DNS", "MDNS", "SSDP", "NetBIOS", "DHCP", "ICMP", "LLMNR", "NTP", "IGMP"}
-_CALL = {
-    "Zoom", "Skype_TeamsCall", "Teams", "Webex", "WhatsAppCall", "TelegramVoip", "Discord", "RTP",
-    "SIP", "RTCP", "GoogleMeet", "FaceTime", "Signal",
-}
-_STREAM = {"NetFlix", "YouTube", "AmazonVideo", "Twitch", "DisneyPlus"}
-_GAME = {
-    "Nintendo", "RakNet", "Roblox", "Starcraft", "Steam", "SteamDatagramRelay", "Dota2", "Xbox",
-    "Playstation",
-}
-
-
-def ndpi_class(proto: str, category: str, transport: str) -> tuple[str, str]:
-    """(class, platform) for nDPI's `proto` (e.g. "91.189/TLS.Zoom") and category."""
-    names = proto.split("/", 1)[-1].split(".")
-    master, app = names[0], names[-1]
-    if master in _CONTROL or "GTP" in proto:
-        return "web_other", ""
-    if app == "GeForceNow":
-        return "cloud_gaming", "gfn"
-    if app in _STREAM:
-        return "video_streaming", ""
-    if app == "BitTorrent":
-        return "bulk", ""
-    if transport == "UDP" or app == "RTP":
-        if app in _CALL or category in ("VoIP", "Video"):
-            return "realtime_call", ""
-        if app in _GAME or category == "Game":
-            return "online_game", ""
-    return "web_other", ""
-
-
-def _addr(text: str) -> bytes | None:
-    try:
-        return ipaddress.ip_address(text.strip("[]")).packed
-    except ValueError:
-        return None
-
-
-def ndpi_labels(out_file: Path) -> dict[tuple, tuple[str, str, str]]:
-    """conversation key → (class, platform, nDPI protocol) from nDPI's dissection output."""
-    labels: dict[tuple, tuple[str, str, str]] = {}
-    for line in out_file.read_text(errors="replace").splitlines():
-        m = _OUT_LINE.match(line)
-        if not m:
-            continue
-        transport, a, ap, b, bp, proto, cat = m.groups()
-        sa, sb = _addr(a), _addr(b)
-        if sa is None or sb is None:
-            continue
-        ft = FiveTuple(src_addr=sa, dst_addr=sb, src_port=int(ap), dst_port=int(bp),
-                       ip_protocol=6 if transport == "TCP" else 17)
-        cls, platform = ndpi_class(proto, cat.strip(), transport)
-        labels[conversation_key(ft)] = (cls, platform, proto)
-    return labels
-
 
 def ndpi_flows(root: Path, min_packets: int = 4) -> list[LabelledFlow]:
+    """Every conversation of nDPI's test pcaps with at least `min_packets` packets, its records
+    from the probe's pcap twin, its label from nDPI itself run on the same capture
+    (`dpi.dissect`, nfstream): the application nDPI names, mapped by `dpi.ndpi_class`."""
     out: list[LabelledFlow] = []
     for pcap in sorted((root / "ndpi-pcaps").glob("*.pcap*")):
         if pcap.suffix == ".out":
             continue
-        labels = ndpi_labels(pcap.with_name(pcap.name + ".out"))
+        labels = dissect(pcap)
         for key, recs in conversations(records_from_pcap(pcap)).items():
             if key not in labels or sum(r.packets for r in recs) < min_packets:
                 continue
-            cls, platform, proto = labels[key]
+            flow = labels[key]
+            cls, platform = flow.label()
             out.append(
                 LabelledFlow(
                     capture=f"ndpi/{pcap.stem}", label=cls, platform=platform, records=recs,
-                    source=f"ndpi-pcaps/{pcap.name} ({proto})", name=f"ndpi/{pcap.stem}#{proto}",
+                    source=f"ndpi-pcaps/{pcap.name} ({flow.app})",
+                    name=f"ndpi/{pcap.stem}#{flow.app}",
                 )
             )
     return out
