@@ -71,7 +71,7 @@ def test_one_plan_per_edge_and_the_core() -> None:
     toml = tomllib.loads(core_agent_toml(core, "/j.pb", "127.0.0.1:9092"))
     assert toml["int_export"] == {
         "collector": "127.0.0.1:32766", "node_id": 1, "interfaces": ["edge1", "edge2"],
-        "sample_every": 8,
+        "sample_every": 32,
     }
     assert toml["bounds"]["interfaces"] == ["edge1", "edge2"]
     assert "int_export" not in tomllib.loads(core_agent_toml(core, "/j", "", int_export=False))

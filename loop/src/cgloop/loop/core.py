@@ -21,8 +21,9 @@ from cgloop.v1 import node_agent_pb2 as na
 INT_COLLECTOR = "127.0.0.1:32766"
 # The INT switch id of the core (Telemetry Report group header Node ID); exported as "1".
 INT_NODE_ID = 1
-# One packet in this many is reported (a postcard per sampled packet and hop).
-INT_SAMPLE_EVERY = 8
+# One packet in this many is reported (a postcard per sampled packet); a packet that waited
+# past the agent's report_over_ns (1 ms) is reported anyway: congestion is never sampled away.
+INT_SAMPLE_EVERY = 32
 # core→edge links the lab declares unshaped get this rate in the core's hierarchy.
 DEFAULT_CORE_MBIT = 200.0
 # The ONOS device id of the core "switch" (the contract server registers it).
