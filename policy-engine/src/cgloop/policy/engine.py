@@ -279,9 +279,12 @@ class Engine:
         a = entry.action
         if a.operation == apb.ACTION_OPERATION_SET_CHAIN:
             self.planner.forget(a)
+        planned = self._notes.pop(a.id, "")
         if a.operation == apb.ACTION_OPERATION_PROTECT_FLOW:
             self.leases.failed(entry.target_key, self.clock())
-        self._result(entry, apb.ACTION_STATE_FAILED, str(exc))
+        # What the planner or the overload guard had decided leads the agent's reason.
+        why = f"{planned}; {exc}" if planned else str(exc)
+        self._result(entry, apb.ACTION_STATE_FAILED, why)
 
     def finish_applies(self) -> None:
         """Wait for every asynchronous apply and record its result."""
@@ -440,6 +443,7 @@ class Engine:
 
     def _expire(self, entry: Entry) -> None:
         self.stats.expired += 1
+        self._notes.pop(entry.action.id, None)
         self._result(entry, apb.ACTION_STATE_EXPIRED, "deadline passed before applying")
 
     def _apply(self, entry: Entry, detection_end_ns: int = 0) -> None:
