@@ -504,3 +504,44 @@ def test_plans_are_validated_with_the_policy() -> None:
                 "guards:",
             )
         )
+
+
+# --- the feed: node samples reach the engine's book -----------------------------------------
+
+
+def test_the_telemetry_feed_reads_the_nodes_topic_into_the_book(monkeypatch) -> None:
+    import threading
+
+    from cgloop.bus import kafka
+    from cgloop.bus.topics import FLOWS, NODES, PROBES
+    from cgloop.policy.telemetry import KafkaTelemetryFeed
+
+    delivered = threading.Event()
+
+    class Consumer:
+        def __init__(self, bootstrap, group, topics, **kw) -> None:
+            self.topics = topics
+            self.items = [(NODES, node_samples("edge1", 10 * S, {0: 0.5, 1: 0.25}), None)]
+
+        def poll(self, timeout):
+            if self.items:
+                return self.items.pop()
+            delivered.set()
+            return None
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(kafka, "BatchConsumer", Consumer)
+    book = NodeBook()
+    feed = KafkaTelemetryFeed("kafka:9092", WindowStore(), nodes=book)
+    assert feed._consumer.topics == [PROBES.name, FLOWS.name, NODES.name]
+    feed.start()
+    assert delivered.wait(5)
+    feed.stop()
+    load = book.load("edge1")
+    assert load is not None and load.cores == {0: 0.5, 1: 0.25}
+    # The guard's feed alone (verification off) reads only the nodes topic.
+    assert KafkaTelemetryFeed("k", None, nodes=NodeBook())._consumer.topics == [NODES.name]
+    with pytest.raises(ValueError, match="needs a store or a node book"):
+        KafkaTelemetryFeed("k", None)
