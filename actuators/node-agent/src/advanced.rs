@@ -35,6 +35,9 @@ use crate::netif::ifindex;
 use crate::payload::{Counters, PayloadFn, Verdict};
 use crate::tc::Rtnl;
 
+#[cfg(test)]
+mod kernel_tests;
+
 /// One advanced function of a slot, with its counters per instance.
 pub struct AdvFn {
     pub f: Box<dyn PayloadFn>,
