@@ -12,12 +12,15 @@ Two planners, both for `set_chain`, both reading the node samples (`nodes.NodeBo
   has no chain yet gets one on a node of its path. The candidates are the policy's `candidates`
   (e.g. the edge that saw the flow, "{label:node_id}", and the core router); the first one is
   the service node (the session's edge). Each candidate is an `sfc.Node` whose load is the sum
-  of its cores' utilisation (cores' worth of work: a function placed adds one) and whose slots
-  are its cores free for an advanced function (below the overload margin, no advanced instance
-  on them) plus one per basic function; a candidate without samples is left out
-  (none with samples: the service node). The heuristic maps the chain's functions onto them;
-  since a node agent runs a class's whole chain, the node given the chain's advanced function
-  (the one needing a core) gets the whole chain, on the core `capacity.fit` picks there. Each
+  of its cores' utilisation (cores' worth of work) and whose slots are its cores free for an
+  advanced function (below the overload margin, no advanced instance on them); a candidate
+  without samples is left out (none with samples: the service node). The heuristic places the
+  chain's advanced functions (each a core of its own, each adding one core of load; a chain of
+  basic functions only is one unit): LB on the least-loaded node, ties to the candidate listed
+  first (the nearest: the service node), LC on the service node first, LBLC like LB then
+  grouped from the service node. A node agent runs a class's whole chain, basic functions in
+  BPF before the hand-over, so the node the heuristic gives most units gets the whole chain,
+  on the core `capacity.fit` picks there. Each
   session (the detection's subject: its flow) is placed once: the classifier's repeated
   detections of a placed session are dropped (no action, no record) until the placement
   fails or is rolled back.
@@ -170,34 +173,48 @@ class Planner:
             raise PlanRefused("plan", "no placement candidates")
         service = candidates[0]
         advanced = _advanced(s)
-        names = {catalogue.name_of(s.functions[i]) for i in advanced}
         session = dets.subject_key(det)
         if session in self.placed:
             raise Skip
-        loads = {c: self.nodes.load(c) for c in candidates}
-        known = [c for c in candidates if loads[c] is not None]
-        nodes = []
-        for c in known:
-            load = loads[c]
-            assert load is not None
-            busy = {i.core for i in load.instances if i.function in catalogue.FUNCTIONS
-                    and catalogue.FUNCTIONS[i.function].kind == catalogue.ADVANCED}
-            free = [k for k, u in load.cores.items() if u < self.margin and k not in busy]
-            # In cores' worth of work (the heuristics add 1 per function placed: a core each,
-            # CALVIN's rule for the advanced ones; basic ones cost as much in the count).
-            busy_cores = sum(load.cores.values())
-            # Basic functions run in BPF on any node: one slot each beside the free cores.
-            slots = len(free) + len(s.functions) - len(advanced)
-            nodes.append(sfc.Node(c, slots=slots, load=busy_cores))
         chain = na.ServiceChain(chain_id=s.chain_id, traffic_class=s.traffic_class)
         chain.functions.extend(s.functions)
+        try:
+            catalogue.check_chain(chain)  # what the agent would refuse, refused here
+        except catalogue.CatalogueError as exc:
+            raise PlanRefused("plan", str(exc)) from None
+        # What the heuristics place: the functions that need capacity, each advanced one a core
+        # of its own (CALVIN); the basic ones run in BPF beside it on the same node. A chain of
+        # basic functions only is one unit.
+        units = [catalogue.name_of(s.functions[i]) for i in advanced] or [s.chain_id]
+        loads = {c: self.nodes.load(c) for c in candidates}
+        nodes = []
+        for c in candidates:
+            load = loads[c]
+            if load is None:
+                continue
+            taken = {
+                i.core
+                for i in load.instances
+                if (spec := catalogue.FUNCTIONS.get(i.function)) is not None
+                and spec.kind == catalogue.ADVANCED
+            }
+            free = [k for k, u in load.cores.items() if u < self.margin and k not in taken]
+            # Load in cores' worth of work: each unit placed adds one (a core).
+            nodes.append(
+                sfc.Node(c, slots=len(free) if advanced else 1, load=sum(load.cores.values()))
+            )
         if nodes:
+            h = plan.heuristic.value
             try:
-                mapping = sfc.plan_chain(chain, nodes, plan.heuristic.value, service_node=service)
-            except (ValueError, catalogue.CatalogueError) as exc:
-                raise PlanRefused("plan", f"{plan.heuristic.value}: {exc}") from None
-            hosts = [n for fn, n in mapping if fn in names] or [mapping[0][1]]
-            node = max(dict.fromkeys(hosts), key=hosts.count)
+                if h == "lb":
+                    mapping = sfc.lb(units, nodes)
+                elif h == "lc":
+                    mapping = sfc.lc(units, nodes, service if loads[service] else nodes[0].name)
+                else:
+                    mapping = sfc.lblc(units, nodes, service)
+            except ValueError as exc:
+                raise PlanRefused("plan", f"{h}: {exc}") from None
+            node = max(dict.fromkeys(mapping), key=mapping.count)
         else:
             node = service
         action.target.node_id = node
