@@ -32,3 +32,15 @@ def test_model_info_refuses_a_non_model(run_cgloop, tmp_path):
     bad.write_bytes(b"not a zip")
     res = run_cgloop("analytics", "model-info", str(bad))
     assert res.returncode == 1 and "not a readable model" in " ".join(res.stderr.split())
+
+
+def test_run_refuses_a_malformed_int_switch_map(run_cgloop):
+    for option, value, says in (
+        ("--int-switch", "core=1", "'core' is not a switch id or port number"),
+        ("--int-switch", "1", "'1' is not ID=NODE"),
+        ("--int-port", "1=edge1", "'' is not a switch id or port number"),
+        ("--int-port", "1:x=edge1", "'x' is not a switch id or port number"),
+    ):
+        res = run_cgloop("analytics", "run", option, value)
+        text = " ".join(res.stderr.replace("│", " ").split())  # the error box wraps it
+        assert res.returncode == 2 and option in text and says in text, (option, value, text)

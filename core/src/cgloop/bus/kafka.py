@@ -274,8 +274,12 @@ class BatchConsumer:
         topics: Iterable[str],
         source_id: str | None = None,
         metrics: PipelineMetrics | None = None,
+        on_assign: Callable | None = None,
+        on_revoke: Callable | None = None,
         **config: str | int,
     ) -> None:
+        """`on_assign` / `on_revoke(consumer, partitions)`: confluent-kafka's rebalance
+        callbacks (a group member taking or giving up partitions), passed to subscribe."""
         self.topics = [topic(name) for name in topics]
         # Records in, dead letters and lag per partition (cgloop.metrics), when given.
         self.metrics = metrics
@@ -295,7 +299,8 @@ class BatchConsumer:
                 self.health,
             )
         )
-        self._consumer.subscribe([t.name for t in self.topics])
+        callbacks = {k: v for k, v in (("on_assign", on_assign), ("on_revoke", on_revoke)) if v}
+        self._consumer.subscribe([t.name for t in self.topics], **callbacks)
         # The dead-letter producer authenticates as the consumer does.
         security = {k: v for k, v in config.items() if k.startswith(("security.", "sasl.", "ssl."))}
         # It is idle mostly; while Kafka is away the consumer reports it (its health), so its
