@@ -102,8 +102,23 @@ def test_l4s_abuse_separates_skype_from_prague_and_cubic():
     ev = {e.name: e for e in d.evidence}
     assert ev["ce_fraction"].value >= ev["ce_fraction"].threshold
     assert ev["l_queue_share"].value >= 0.9
+    # the fast verdict (issue 21): within 500 ms of the flow's first packet, over 4 x 100 ms
+    first = min(r.interval_start_ns for r in records_from_pcap(need_data(
+        "l4s-tests", "skype_bi_dualpi2_l.pcap.gz")) if r.five_tuple == d.flow)
+    assert ev["decision_s"].value <= 0.5 and ev["decision_s"].threshold == pytest.approx(0.4)
+    assert d.window_end_ns - first <= NS // 2
     assert _l4s("prague_dualpi2_wifi.pcap.gz") == []
     assert _l4s("cubic_dualpi2_wifi.pcap.gz") == []
+
+
+def test_l4s_abuse_is_silent_on_every_ndpi_capture():
+    """Calls, video, games and P2P of nDPI's captures (none of them in the L queue): the fast
+    verdict raises nothing either."""
+    pcaps = sorted(p for p in need_data("ndpi-pcaps").glob("*.pcap*") if p.suffix != ".out")
+    assert len(pcaps) >= 39  # 16 before issue 21, 23 added with it
+    for p in pcaps:
+        det = L4sAbuseDetector()
+        assert [d for r in records_from_pcap(p) for d in det.on_flow(r)] == [], p.name
 
 
 def test_l4s_microbursts_in_the_l_queue():

@@ -1,6 +1,12 @@
 """L4S abuse in the low-latency queue (MOSAICO D234 §2.3.2).
 
-Per flow direction, records are binned (default 0.5 s) and judged over a sliding window
+A fast verdict first: the unresponsive-ECN rule below is judged over the flow's first and every
+later `fast_bins` x `fast_bin_ns` (default 4 x 100 ms, the probe's export interval) as soon as
+records cover them, so an L-queue flow that ignores CE is flagged within about half a second of
+its start (on the real Skype capture: see docs/analytics.md). An episode it opens ends only
+when both the fast and the long window say the flow is clean.
+
+Then, per flow direction, records are binned (default 0.5 s) and judged over a sliding window
 (default 5 s):
 
 * unresponsive ECN: the flow is in the L queue (ECT(1)/CE share >= 0.5), carries real load
@@ -44,6 +50,10 @@ class _FlowState:
     bins: deque = field(default_factory=deque)
     last_seen: int = 0
     episode: dict[int, int] = field(default_factory=dict)  # kind -> episode start
+    first_ns: int = 0  # the first record's interval start: verdict times count from it
+    fast: deque = field(default_factory=deque)  # _Bin of fast_bin_ns, oldest first
+    fast_judged_ns: int = 0  # end of the last fast window judged
+    fast_abusive: bool = False  # the last fast window's unresponsive-ECN verdict
     where: dict[str, str] = field(default_factory=dict)  # node_id, interface of the last record
 
 
@@ -64,6 +74,8 @@ class L4sAbuseDetector:
         classic_erratic_cv: float = 0.5,
         max_flows: int = 50_000,
         idle_ns: int = 30 * NS,
+        fast_bin_ns: int = NS // 10,
+        fast_bins: int = 4,
     ) -> None:
         self.bin_ns = bin_ns
         self.window_bins = window_bins
@@ -77,6 +89,8 @@ class L4sAbuseDetector:
         self.classic_erratic_cv = classic_erratic_cv
         self.max_flows = max_flows
         self.idle_ns = idle_ns
+        self.fast_bin_ns = fast_bin_ns
+        self.fast_bins = fast_bins  # 0: no fast verdict
         self.flows: dict[TupleKey, _FlowState] = {}
 
     def on_flow(self, r: FlowRecord) -> list[Detection]:
@@ -87,6 +101,7 @@ class L4sAbuseDetector:
                 self.evict(r.interval_end_ns, force=True)
             st = _FlowState(FiveTuple(**{f.name: getattr(r.five_tuple, f.name)
                                          for f in FiveTuple.DESCRIPTOR.fields}))
+            st.first_ns = r.interval_start_ns
             self.flows[key] = st
         st.last_seen = r.interval_end_ns
         st.where = observation_labels(r)
@@ -103,10 +118,74 @@ class L4sAbuseDetector:
         b.ect1 += r.ecn_ect1_packets
         b.ce += r.ecn_ce_packets
         b.max_burst = max(b.max_burst, r.max_burst_packets)
+        out = self._fast(st, r) if self.fast_bins else []
         # judge on completed bins only, once per bin
-        return self._judge(st) if closed else []
+        return out + self._judge(st, r.interval_end_ns) if closed else out
 
-    def _judge(self, st: _FlowState) -> list[Detection]:
+    def _fast(self, st: _FlowState, r: FlowRecord) -> list[Detection]:
+        """The unresponsive-ECN rule over the last `fast_bins` fast bins that records have
+        covered (bins without packets count as silent), once per newly covered bin."""
+        w = self.fast_bin_ns
+        start = r.interval_start_ns - r.interval_start_ns % w
+        if not st.fast or st.fast[-1].start < start:
+            st.fast.append(_Bin(start))
+        b = st.fast[-1]
+        b.packets += r.packets
+        b.bytes += r.bytes
+        b.ect1 += r.ecn_ect1_packets
+        b.ce += r.ecn_ce_packets
+        covered = r.interval_end_ns - r.interval_end_ns % w  # bins before it are complete
+        lo = covered - self.fast_bins * w
+        while st.fast and st.fast[0].start < lo:
+            st.fast.popleft()
+        first_bin = st.first_ns - st.first_ns % w
+        if covered <= st.fast_judged_ns or lo < first_bin:
+            return []
+        st.fast_judged_ns = covered
+        by_start = {x.start: x for x in st.fast}
+        bins = [by_start.get(lo + i * w, _Bin(lo + i * w)) for i in range(self.fast_bins)]
+        out = self._ecn(st, bins, w, r.interval_end_ns)
+        st.fast_abusive = out is not None
+        return out or []
+
+    def _ecn(self, st: _FlowState, bins: list[_Bin], bin_ns: int, now_ns: int):
+        """The unresponsive-ECN rule over `bins`: None when it does not hold, else the
+        detection of a new episode (an empty list within one)."""
+        packets = np.array([b.packets for b in bins], dtype=float)
+        total = packets.sum()
+        if total == 0:
+            return None
+        rate = np.array([b.bytes * 8 / (bin_ns / NS) for b in bins])
+        l_share = sum(b.ect1 + b.ce for b in bins) / total
+        ce_frac = sum(b.ce for b in bins) / total
+        half = len(bins) // 2
+        first, second = float(np.median(rate[:half])), float(np.median(rate[half:]))
+        response = second / first if first > 0 else 1.0
+        mean_rate = float(rate.mean())
+        if not (
+            l_share >= self.l_share
+            and mean_rate >= self.min_rate_bps
+            and ce_frac >= self.ce_threshold
+            and response >= self.response_ratio
+        ):
+            return None
+        window = (bins[0].start, bins[-1].start + bin_ns)
+        conf = min(1.0, 0.5 + (ce_frac - self.ce_threshold) + 0.25 * min(1.0, response - 0.8))
+        return self._emit(
+            st, DetectionKind.DETECTION_KIND_L4S_UNRESPONSIVE_ECN, window, conf,
+            Severity.SEVERITY_MAJOR,
+            [
+                ev("ce_fraction", ce_frac, self.ce_threshold, 0.0, "ratio"),
+                ev("l_queue_share", l_share, self.l_share, 0.0, "ratio"),
+                ev("rate_response", response, self.response_ratio, 1.0, "ratio"),
+                ev("rate_bps", mean_rate, self.min_rate_bps, first, "bps"),
+                # the verdict's time: from the flow's first record to the record that decided
+                ev("decision_s", (now_ns - st.first_ns) / NS, (window[1] - window[0]) / NS, 0.0,
+                   "s"),
+            ],
+        )
+
+    def _judge(self, st: _FlowState, now_ns: int) -> list[Detection]:
         bins = list(st.bins)[:-1][-self.window_bins:]
         if len(bins) < self.window_bins:
             return []
@@ -115,34 +194,12 @@ class L4sAbuseDetector:
         if total == 0:
             return []
         rate = np.array([b.bytes * 8 / (self.bin_ns / NS) for b in bins])
-        l_pkts = sum(b.ect1 + b.ce for b in bins)
-        l_share = l_pkts / total
-        ce_frac = sum(b.ce for b in bins) / total
-        half = len(bins) // 2
-        first, second = float(np.median(rate[:half])), float(np.median(rate[half:]))
-        response = second / first if first > 0 else 1.0
-        mean_rate = float(rate.mean())
+        l_share = sum(b.ect1 + b.ce for b in bins) / total
         window = (bins[0].start, bins[-1].start + self.bin_ns)
-        out: list[Detection] = []
         in_l = l_share >= self.l_share
-        if (
-            in_l
-            and mean_rate >= self.min_rate_bps
-            and ce_frac >= self.ce_threshold
-            and response >= self.response_ratio
-        ):
-            conf = min(1.0, 0.5 + (ce_frac - self.ce_threshold) + 0.25 * min(1.0, response - 0.8))
-            out += self._emit(
-                st, DetectionKind.DETECTION_KIND_L4S_UNRESPONSIVE_ECN, window, conf,
-                Severity.SEVERITY_MAJOR,
-                [
-                    ev("ce_fraction", ce_frac, self.ce_threshold, 0.0, "ratio"),
-                    ev("l_queue_share", l_share, self.l_share, 0.0, "ratio"),
-                    ev("rate_response", response, self.response_ratio, 1.0, "ratio"),
-                    ev("rate_bps", mean_rate, self.min_rate_bps, first, "bps"),
-                ],
-            )
-        else:
+        ecn = self._ecn(st, bins, self.bin_ns, now_ns)
+        out: list[Detection] = list(ecn or [])
+        if ecn is None and not st.fast_abusive:
             st.episode.pop(DetectionKind.DETECTION_KIND_L4S_UNRESPONSIVE_ECN, None)
         limit = self.l_burst_packets if in_l else self.classic_burst_packets
         kind = (DetectionKind.DETECTION_KIND_L4S_MICROBURST if in_l
