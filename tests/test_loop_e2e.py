@@ -184,7 +184,7 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
         data_missing(f"no trained classifier at {model}: make setup trains it from the data")
     lab = Lab(load_topology(name=f"cgl-e2e-{os.getpid()}"), state_dir=tmp_path / "lab")
     scenario = Scenario.model_validate(SCENARIO)
-    options = LoopOptions(lead_s=6.0, tail_s=4.0)
+    options = LoopOptions()
     closed = ClosedLoop(lab, scenario, loop_stack, tmp_path / "run", options)
     try:
         lab.up()

@@ -107,9 +107,13 @@ def test_emulated_sysfs_is_laid_out_as_the_kernels(tmp_path: Path, plan: EdgePla
     assert tree.read("cpu0/cpuidle/state0/name") == "POLL"
     assert tree.read("cpu1/cpuidle/state1/disable") == "0"
     plan.cpufreq_root, plan.cpuidle_root = tree.cpufreq_root, tree.cpuidle_root
+    plan.pin_dir = Path("/sys/fs/bpf/cgloop-cgl-edge1")
     power = tomllib.loads(agent_toml(plan, "/j.pb", ""))["power"]
+    # X-MAN reads this edge's probe's per-function counters, not the default pins
     assert power == {"cpufreq_root": str(tree.cpufreq_root),
-                     "cpuidle_root": str(tree.cpuidle_root)}
+                     "cpuidle_root": str(tree.cpuidle_root),
+                     "fn_stats_pin": "/sys/fs/bpf/cgloop-cgl-edge1/fn_stats",
+                     "if_fn_pin": "/sys/fs/bpf/cgloop-cgl-edge1/if_fn"}
     # a fresh run starts from the kernel's defaults again
     (tree.cpufreq_root / "policy0" / "scaling_governor").write_text("performance\n")
     assert write_sysfs(tmp_path / "sysfs", cores=2).read(

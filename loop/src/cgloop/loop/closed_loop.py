@@ -174,8 +174,10 @@ class LoopOptions:
     probe_interval_ms: int = 100
     # the classifier (`cgloop train`; make setup trains it); default: the project's state dir
     model: Path | None = None
-    # each fault is a trial: lead_s of normal traffic, the fault, tail_s after it
-    lead_s: float = 6.0
+    # each fault is a trial: lead_s of normal traffic, the fault, tail_s after it. 10 s: on
+    # the loaded 2-core lab v2 a trial's sessions began sending up to 5.8 s after the trial
+    # started, and a fresh gaming flow must be classified and protected before the fault
+    lead_s: float = 10.0
     tail_s: float = 4.0
 
     @property
@@ -393,6 +395,7 @@ class ClosedLoop:
             # this VM has no cpufreq: the agent's power module writes an emulated tree
             tree = write_sysfs(self.run_dir / "sysfs" / p.node)
             p.cpufreq_root, p.cpuidle_root = tree.cpufreq_root, tree.cpuidle_root
+        p.pin_dir = self.nodes[p.node].pin_dir  # X-MAN reads the probe's function counters
         agent = self._start_agent(p.node, agent_toml(
             p, str(self.run_dir / f"agent-journal-{p.node}.pb"), self.settings.bootstrap_servers,
             micro_loop=o.enabled and o.micro_loop,

@@ -68,6 +68,9 @@ class EdgePlan:
     # no cpufreq); None: the agent's defaults (the kernel's).
     cpufreq_root: Path | None = None
     cpuidle_root: Path | None = None
+    # Where this edge's flow probe pins its maps: X-MAN reads the per-function counters there
+    # (`fn_stats`, `if_fn`); None: the agent's default (/sys/fs/bpf/cgloop).
+    pin_dir: Path | None = None
 
     @classmethod
     def from_lab(cls, topo: Topology, scenario: Scenario) -> EdgePlan:
@@ -241,22 +244,27 @@ def agent_toml(
         # sanctions are aggregated per flow over this interval: a finer one than the default
         # 100 ms, so the abuser's time to its first sanction is known within 20 ms
         "audit_interval_ms = 20",
-        *power_toml(plan.cpufreq_root, plan.cpuidle_root),
+        *power_toml(plan.cpufreq_root, plan.cpuidle_root, plan.pin_dir),
         "",
     ])
 
 
-def power_toml(cpufreq_root: Path | None, cpuidle_root: Path | None) -> list[str]:
-    """The agent's `[power]` section pointed at an emulated sysfs tree (nothing without one)."""
-    if cpufreq_root is None and cpuidle_root is None:
-        return []
+def power_toml(
+    cpufreq_root: Path | None, cpuidle_root: Path | None, pin_dir: Path | None = None
+) -> list[str]:
+    """The agent's `[power]` section: an emulated sysfs tree, and the flow probe's pinned
+    per-function counters X-MAN reads (nothing when neither is given)."""
     q = json.dumps
-    lines = ["[power]"]
-    if cpufreq_root is not None:
-        lines.append(f"cpufreq_root = {q(str(cpufreq_root))}")
-    if cpuidle_root is not None:
-        lines.append(f"cpuidle_root = {q(str(cpuidle_root))}")
-    return lines
+    lines = [
+        f"{key} = {q(str(value))}"
+        for key, value in (
+            ("cpufreq_root", cpufreq_root), ("cpuidle_root", cpuidle_root),
+            ("fn_stats_pin", pin_dir / "fn_stats" if pin_dir else None),
+            ("if_fn_pin", pin_dir / "if_fn" if pin_dir else None),
+        )
+        if value is not None
+    ]
+    return ["[power]", *lines] if lines else []
 
 
 def agent_channel(socket_path: str, credentials: grpc.ChannelCredentials) -> grpc.Channel:
