@@ -19,6 +19,7 @@ import contextlib
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import yaml
 from cgloop.binaries import find_binary
 from cgloop.bus.topics import ANALYTICS_INPUTS
 from cgloop.config import Settings
-from cgloop.lab.lab import Lab
+from cgloop.lab.lab import Lab, in_netns
 from cgloop.lab.scenario import FaultEvent, Runner, Scenario
 from cgloop.lab.scenario import Report as LabReport
 from cgloop.lab.sessions import GamingSpec, MediaSession
@@ -467,6 +468,9 @@ class ClosedLoop:
                 ), timeout=10)
 
         self._stub_call(c.node, configure)
+        if self.lab is not None:
+            c.int_ports = in_netns(self.lab.ns(c.node), lambda: {
+                socket.if_nametoindex(i): i for i in c.edges})
         say(f"node agent on {c.node}: queues on {', '.join(c.edges)}"
             + (", INT source (switch id 1)" if self.int_export else ""))
         if self.int_export:
@@ -498,6 +502,8 @@ class ClosedLoop:
                 "--slo-min-duration-s", str(o.slo_min_duration_s),
                 "--latency-min-duration-s", str(o.latency_min_duration_s),
             ]
+            if self.core is not None and self.int_export:
+                argv += self.core.analytics_args()
             if i > 1:  # the first has the ops table's port; the others any free one
                 argv += ["--metrics-addr", "127.0.0.1:0"]
             if o.window_s > 0:

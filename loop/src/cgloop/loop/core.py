@@ -37,6 +37,18 @@ class CorePlan:
     edges: dict[str, float]
     interfaces: list[str] = field(default_factory=list)
     device_id: str = CORE_DEVICE_ID
+    # {ifindex: interface} of the INT-reported interfaces in the core's namespace (postcards
+    # name an egress port by its ifindex); read from the lab once it is up
+    int_ports: dict[int, str] = field(default_factory=dict)
+
+    def analytics_args(self) -> list[str]:
+        """The analytics worker's map from INT ids to lab names: switch 1 is this node, and
+        each egress port its interface (the switch-queue detections' node_id and interface
+        labels, which the levers' policies match)."""
+        args = ["--int-switch", f"{INT_NODE_ID}={self.node}"]
+        for index, name in sorted(self.int_ports.items()):
+            args += ["--int-port", f"{INT_NODE_ID}:{index}={name}"]
+        return args
 
     @classmethod
     def from_lab(cls, topo: Topology) -> CorePlan | None:
