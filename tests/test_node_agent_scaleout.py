@@ -151,6 +151,18 @@ def test_one_to_two_instances_under_traffic_loses_nothing_and_keeps_flows_whole(
         chosen[busy] += 1
     assert set(chosen) == set(PORTS), f"16 flows all on one instance: {chosen}"
 
+    # A killed agent restores the scaled-out chain from its journal: both instances again.
+    lab.kill()
+    lab.start()
+    stub = lab.stub()
+    rx = FlowReceiver(lab, DPORT)
+    for sport in sports:
+        lab.send(sport, DPORT, 20)
+    assert rx.stop() == dict.fromkeys(sports, 20)
+    assert all(port_tx(lab)[p] >= 20 for p in PORTS), port_tx(lab)
+    fns = stub.GetState(na.GetStateRequest(), timeout=10).state.chains[0].functions
+    assert fns[1].instances == 2 and fns[1].packets == 20 * len(sports)
+
 
 def test_a_scale_out_that_fails_while_applied_leaves_the_previous_chain(lab):
     stub = lab.stub()

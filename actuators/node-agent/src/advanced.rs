@@ -189,9 +189,12 @@ fn pin(tid: libc::pid_t, core: u32) -> Result<()> {
 }
 
 fn now_monotonic_ns() -> u64 {
-    // SAFETY: a valid timespec for writing.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: a zeroed timespec is valid, and the kernel writes it.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+        ts
+    };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
