@@ -133,8 +133,9 @@ static __always_inline void int_count(__u32 idx)
 {
 	__u64 *n = bpf_map_lookup_elem(&int_counters, &idx);
 
+	/* Atomic even per CPU: a tracepoint program can interrupt another on the same CPU. */
 	if (n)
-		*n += 1;
+		__sync_fetch_and_add(n, 1);
 }
 
 /* GCRA: admit when the schedule is at most burst_ns ahead of now, then push it one interval. */
