@@ -3,7 +3,9 @@
 //!
 //! Records are grouped by five-tuple hash into `KEY_BUCKETS` batches per sweep, each keyed by its
 //! bucket, so one flow always lands on one partition (per-flow order kept) while a sweep still
-//! produces few, large messages. librdkafka buffers within `buffer_bytes` and reconnects by
+//! produces few, large messages. The hash is the conversation's (`conversation_bucket`): both
+//! directions of a flow share a partition, so the analytics worker that owns it in a consumer
+//! group sees the conversation whole (the classifier compares the two directions). librdkafka buffers within `buffer_bytes` and reconnects by
 //! itself; what does not fit, or times out undelivered, is dropped and counted.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -98,6 +100,20 @@ fn client_config(cfg: &KafkaConfig, security: &KafkaSecurity) -> ClientConfig {
     client
 }
 
+/// The key bucket of a record's conversation: its five-tuple hash with the endpoints in a fixed
+/// order (the smaller address and port first, as analytics' `conversation_key`), so both
+/// directions of a flow land in the same bucket.
+fn conversation_bucket(r: &FlowRecord) -> u64 {
+    let mut key = FlowRecord { five_tuple: r.five_tuple.clone(), ..Default::default() };
+    if let Some(t) = key.five_tuple.as_mut() {
+        if (t.dst_addr.as_slice(), t.dst_port) < (t.src_addr.as_slice(), t.src_port) {
+            std::mem::swap(&mut t.src_addr, &mut t.dst_addr);
+            std::mem::swap(&mut t.src_port, &mut t.dst_port);
+        }
+    }
+    five_tuple_hash_of_record(&key) % KEY_BUCKETS
+}
+
 impl FlowProducer {
     pub fn new(cfg: &KafkaConfig) -> Result<Self> {
         let stats = Arc::new(KafkaStats::default());
@@ -119,7 +135,7 @@ impl FlowProducer {
     pub fn send(&self, records: Vec<FlowRecord>) {
         let mut buckets: Vec<Vec<FlowRecord>> = (0..KEY_BUCKETS).map(|_| Vec::new()).collect();
         for r in records {
-            buckets[(five_tuple_hash_of_record(&r) % KEY_BUCKETS) as usize].push(r);
+            buckets[conversation_bucket(&r) as usize].push(r);
         }
         for (bucket, records) in buckets.into_iter().enumerate() {
             let key = format!("flows-{bucket:02}");
@@ -174,6 +190,47 @@ impl FlowProducer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cgloop_proto::v1::FiveTuple;
+    use std::collections::HashSet;
+
+    fn record(src: [u8; 4], sport: u32, dst: [u8; 4], dport: u32) -> FlowRecord {
+        FlowRecord {
+            five_tuple: Some(FiveTuple {
+                src_addr: src.to_vec(),
+                dst_addr: dst.to_vec(),
+                src_port: sport,
+                dst_port: dport,
+                ip_protocol: 17,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn both_directions_of_a_conversation_share_a_bucket() {
+        let (mut buckets, mut directional) = (HashSet::new(), HashSet::new());
+        for i in 0..200u32 {
+            let (a, b) = ([10, 0, (i >> 8) as u8, i as u8], [192, 0, 2, 7]);
+            let up = conversation_bucket(&record(a, 40_000 + i, b, 9000));
+            assert_eq!(up, conversation_bucket(&record(b, 9000, a, 40_000 + i)), "{i}");
+            buckets.insert(up);
+            let down = record(b, 9000, a, 40_000 + i);
+            directional.insert(five_tuple_hash_of_record(&down) % KEY_BUCKETS);
+        }
+        // same addresses, the ports decide the order
+        let same = [10, 0, 0, 1];
+        assert_eq!(
+            conversation_bucket(&record(same, 1, same, 2)),
+            conversation_bucket(&record(same, 2, same, 1))
+        );
+        // spread over the buckets about as the directional hash spreads the same flows
+        assert!(
+            buckets.len() * 2 >= directional.len(),
+            "{} buckets, directional {}",
+            buckets.len(),
+            directional.len()
+        );
+    }
 
     #[test]
     fn the_producer_runs_with_the_declared_settings() {

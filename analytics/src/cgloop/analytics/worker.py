@@ -263,9 +263,10 @@ class Worker:
         log.info("rebalance: gave up %d partitions", len(partitions))
 
     def _on_assign(self, consumer, partitions) -> None:
-        """Partitions come to this worker: rewind each to `rebuild_s` before its committed
-        offset, replay up to it with the output dropped (rebuilds the detector state), then go
-        on. Side topics start at their committed offset (they are only committed here)."""
+        """Partitions come to this worker (also at start): rewind each to `rebuild_s` before
+        its committed offset, replay up to it with the output dropped (rebuilds the detector
+        state), then go on. Side topics start at their committed offset (they are only
+        committed here)."""
         committed = {(p.topic, p.partition): p.offset
                      for p in consumer.committed(partitions, timeout=10)}
         since_ms = int((time.time() - self.rebuild_s) * 1000)
