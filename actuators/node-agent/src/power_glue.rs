@@ -45,6 +45,8 @@ pub struct Power {
     /// Cores `forbid_cstates` may touch (the power section's `managed_cores`; empty = any).
     managed_cores: Vec<u32>,
     max_cstate_forbidden_cores: Option<u32>,
+    /// The trees are not the kernel's (GetPowerStateResponse.emulated).
+    emulated: bool,
 }
 
 fn map_err(e: PowerError) -> AgentError {
@@ -102,6 +104,12 @@ fn split_by_cstates(p: &CorePolicy, forbidden: &dyn Fn(u32) -> bool) -> Vec<Powe
         .collect()
 }
 
+/// Whether either tree is not the kernel's sysfs: what the agent writes there changes no hardware.
+fn is_emulated(settings: &PowerSettings) -> bool {
+    settings.cpufreq_root != std::path::Path::new(power::config::DEFAULT_CPUFREQ_ROOT)
+        || settings.cpuidle_root != std::path::Path::new(power::config::DEFAULT_CPUIDLE_ROOT)
+}
+
 impl Power {
     /// Starts the X-MAN loop over the configured cpufreq tree. A node without cpufreq keeps the
     /// reason, and SetPowerPolicy answers FAILED_PRECONDITION with it.
@@ -150,6 +158,7 @@ impl Power {
             cpuidle: Cpuidle::new(settings.cpuidle_root.clone()),
             managed_cores: settings.managed_cores.clone(),
             max_cstate_forbidden_cores: settings.max_cstate_forbidden_cores,
+            emulated: is_emulated(settings),
         }
     }
 
@@ -330,6 +339,22 @@ impl Power {
                 .collect(),
             policies: self.split(&manager.policies()),
             power_watts: None,
+            emulated: self.emulated,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_other_than_the_kernels_is_reported_emulated() {
+        let kernel = PowerSettings::default();
+        assert!(!is_emulated(&kernel));
+        let lab = PowerSettings { cpufreq_root: "/tmp/lab/cpufreq".into(), ..PowerSettings::default() };
+        assert!(is_emulated(&lab));
+        let idle_only = PowerSettings { cpuidle_root: "/tmp/lab/cpu".into(), ..PowerSettings::default() };
+        assert!(is_emulated(&idle_only));
     }
 }
