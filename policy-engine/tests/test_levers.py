@@ -545,3 +545,16 @@ def test_the_telemetry_feed_reads_the_nodes_topic_into_the_book(monkeypatch) -> 
     assert KafkaTelemetryFeed("k", None, nodes=NodeBook())._consumer.topics == [NODES.name]
     with pytest.raises(ValueError, match="needs a store or a node book"):
         KafkaTelemetryFeed("k", None)
+
+
+def test_the_power_read_back_says_when_the_agents_tree_is_emulated():
+    from cgloop.policy.verify import judge_power
+    from cgloop.v1 import node_agent_pb2 as na
+    from cgloop.v1 import node_pb2
+
+    policy = na.PowerPolicy(cores=[1], min_frequency_khz=3_000_000, max_frequency_khz=3_000_000)
+    core = node_pb2.CoreSample(core=1, min_frequency_khz=3_000_000, max_frequency_khz=3_000_000)
+    real = judge_power([policy], na.GetPowerStateResponse(cores=[core]))
+    lab = judge_power([policy], na.GetPowerStateResponse(cores=[core], emulated=True))
+    assert "emulated" not in real.detail
+    assert "emulated" in lab.detail and lab.verdict == real.verdict
