@@ -82,8 +82,10 @@ def classify_capture(
     records, counters = read_capture(path)
     convs = conversations(records)
     if not convs:
+        skipped = ", ".join(f"{k} {v}" for k, v in counters.items()
+                            if v and k not in ("packets", "accounted", "flows_created", "records"))
         raise NoFlows(f"{path}: no flows: {counters.get('packets', 0)} packets, none of them "
-                      "an IP flow the probe accounts")
+                      f"an IP flow the probe accounts ({skipped or 'nothing skipped'})")
     keys = [k for k, recs in convs.items() if sum(r.packets for r in recs) >= min_packets]
     if not keys:
         raise NoFlows(f"{path}: no flow with at least {min_packets} packets "
