@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import itertools
+import json
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cgloop.binaries import find_binary
 from cgloop.contracts.ops import Daemon, default_metrics_addr
 from cgloop.testing import scrape_metrics
 from cgloop.v1 import node_agent_pb2 as na
@@ -150,6 +153,39 @@ def paced(lab, rate_bps: float, size: int, seconds: float) -> None:
     netns.in_netns(lab.ns_a, run)
 
 
+def start_agent(lab, tmp_path: Path, collector_port: int) -> None:
+    """The lab's agent restarted with `[int_export]` to 127.0.0.1:`collector_port` in its
+    namespace, and a 10 Mbit/s hierarchy (one leaf, 1:10) on its interface."""
+    lab.kill()
+    toml = (tmp_path / "agent.toml").read_text()
+    (tmp_path / "agent.toml").write_text(
+        toml
+        + "[int_export]\n"
+        + f'collector = "127.0.0.1:{collector_port}"\n'
+        + f"node_id = {NODE_ID}\n"
+        + f'interfaces = ["{lab.if_a}"]\n'
+        + "sample_every = 10\nreport_over_ns = 1000000\n"
+        + f"congested_over_ns = {CONGESTED_NS}\nmax_reports_per_s = 2000\n"
+    )
+    lab.start()
+    lab.stub().ApplyQueueHierarchy(na.ApplyQueueHierarchyRequest(
+        action_id="h1",
+        hierarchy=na.QueueHierarchy(
+            interface_name=lab.if_a, default_class_id=LEAF,
+            classes=[
+                na.HtbClass(name="root", class_id=ROOT, rate_bps=LINK_BPS, ceil_bps=LINK_BPS),
+                na.HtbClass(name="leaf", class_id=LEAF, parent_class_id=ROOT,
+                            rate_bps=LINK_BPS, ceil_bps=LINK_BPS, priority=1),
+            ],
+        ),
+    ), timeout=10)
+
+
+def agent_metrics(lab) -> dict:
+    return netns.in_netns(lab.ns_a, lambda: scrape_metrics(
+        default_metrics_addr(Daemon.DAEMON_NODE_AGENT)))
+
+
 @pytest.fixture
 def ilab(tmp_path: Path):
     netns._skip_without_root()
@@ -157,30 +193,8 @@ def ilab(tmp_path: Path):
     collector = None
     try:
         lab.up()
-        lab.kill()
         collector = Collector(lab.ns_a)
-        toml = (tmp_path / "agent.toml").read_text()
-        (tmp_path / "agent.toml").write_text(
-            toml
-            + "[int_export]\n"
-            + f'collector = "127.0.0.1:{collector.port}"\n'
-            + f"node_id = {NODE_ID}\n"
-            + f'interfaces = ["{lab.if_a}"]\n'
-            + "sample_every = 10\nreport_over_ns = 1000000\n"
-            + f"congested_over_ns = {CONGESTED_NS}\nmax_reports_per_s = 2000\n"
-        )
-        lab.start()
-        lab.stub().ApplyQueueHierarchy(na.ApplyQueueHierarchyRequest(
-            action_id="h1",
-            hierarchy=na.QueueHierarchy(
-                interface_name=lab.if_a, default_class_id=LEAF,
-                classes=[
-                    na.HtbClass(name="root", class_id=ROOT, rate_bps=LINK_BPS, ceil_bps=LINK_BPS),
-                    na.HtbClass(name="leaf", class_id=LEAF, parent_class_id=ROOT,
-                                rate_bps=LINK_BPS, ceil_bps=LINK_BPS, priority=1),
-                ],
-            ),
-        ), timeout=10)
+        start_agent(lab, tmp_path, collector.port)
         yield lab, collector
     finally:
         if collector:
@@ -198,8 +212,7 @@ def test_postcards_report_the_queue_and_hop_latency_rises_with_it(ilab):
     paced(lab, 3 * LINK_BPS, 1000, 2.2)  # three times its rate: the queue builds
     quiet_for(collector, 0.5, 5)  # the queue drained (at most ~1 s of it) and the last report left
     before = count(collector)
-    metrics = netns.in_netns(lab.ns_a, lambda: scrape_metrics(
-        default_metrics_addr(Daemon.DAEMON_NODE_AGENT)))
+    metrics = agent_metrics(lab)
     time.sleep(0.3)
     cards = [c for at, d in list(collector.datagrams) for c in decode(d, at)]
     ours = [c for c in cards if (c.sport, c.dport) == (SPORT, DPORT)]
@@ -240,8 +253,7 @@ def test_postcards_report_the_queue_and_hop_latency_rises_with_it(ilab):
     while metrics["cgloop_node_agent_int_candidates_total"][()] < before:
         assert time.monotonic() < deadline, {k: v for k, v in metrics.items() if "_int_" in k}
         time.sleep(0.2)
-        metrics = netns.in_netns(lab.ns_a, lambda: scrape_metrics(
-            default_metrics_addr(Daemon.DAEMON_NODE_AGENT)))
+        metrics = agent_metrics(lab)
     assert metrics["cgloop_node_agent_int_interfaces"][()] == 1
     assert metrics["cgloop_node_agent_int_send_errors_total"][()] == 0
 
@@ -260,3 +272,41 @@ def test_an_interface_outside_the_bounds_is_refused_by_name(tmp_path: Path):
             lab.start()
     finally:
         lab.down()
+
+
+def test_the_int_collector_binary_parses_every_report_the_agent_sends(tmp_path: Path):
+    """The real collector (`cgloop-int-collector run`, no Kafka: records counted) in the
+    agent's namespace: every report the agent counts as sent is parsed, none malformed, and
+    the flow and its queue make records."""
+    netns._skip_without_root()
+    lab = netns.Lab(tmp_path)
+    proc = None
+    try:
+        lab.up()
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", lab.ns_a, str(find_binary("cgloop-int-collector",
+                                                              prefer_release=False)),
+             "run", "--listen", "127.0.0.1:0", "--workers", "1", "--duration", "12",
+             "--metrics-addr", "off", "--congestion-on-cells", "200",
+             "--congestion-off-cells", "50"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        listening = json.loads(proc.stderr.readline())  # the readiness line, on stderr
+        assert listening["event"] == "listening", listening
+        start_agent(lab, tmp_path, int(listening["listen"].rsplit(":", 1)[1]))
+        time.sleep(1.0)
+        paced(lab, 3 * LINK_BPS, 1000, 1.5)
+        time.sleep(1.5)
+        sent = agent_metrics(lab)["cgloop_node_agent_int_reports_sent_total"][()]
+        out, _ = proc.communicate(timeout=30)
+        summary = json.loads(out.strip().splitlines()[-1])  # the exit summary, on stdout
+        # the veth's own chatter is reported too, until the collector exits
+        sent_after = agent_metrics(lab)["cgloop_node_agent_int_reports_sent_total"][()]
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+        lab.down()
+    assert sent > 100, sent
+    assert summary["malformed"] == 0, summary["malformed_by_reason"]
+    assert sent <= summary["reports"] <= sent_after, (summary, sent, sent_after)
+    assert summary["flows"] >= 1 and summary["records"] >= 2, summary
