@@ -237,10 +237,12 @@ def loop_timeline(
     ).result_rows
     levers = []
     for aid, op, params, t, level, node, device in acts:
+        op = _short(op, "ACTION_OPERATION_")
         lever = Lever(
-            operation=_short(op, "ACTION_OPERATION_"),
+            operation=op,
             level=_short(level, "ACTION_LEVEL_") or "global",
-            node=node or device or "?",
+            # ONOS's levers act on a device (the engine may fill node_id with its switch id)
+            node=(device or node if op.startswith("onos_") else node or device) or "?",
             decision_ns=_ns(t),
             detail=",".join(f"{k}={v}" for k, v in sorted(params.items())),
         )
