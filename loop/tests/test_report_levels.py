@@ -123,3 +123,92 @@ def test_first_lever_and_its_level(tmp_path: Path) -> None:
     # (49304 promoted then released; 49404 moved by the engine, not the node)
     assert out["placed"] == ["49104>49104"]
     assert out["placed_later"] == ["49104>49104"]  # promoted again; 49004 released
+
+
+_LEVERS_SCRIPT = r"""
+import json, sys
+import clickhouse_connect
+from cgloop.bus.topics import ACTIONS, DETECTIONS
+from cgloop.datasets.records import KINDS
+from cgloop.datasets.sink.writer import StoreWriter
+from cgloop.datasets.store.migrations import migrate
+from cgloop.loop.report import loop_timeline
+from cgloop.v1 import action_pb2 as a, common_pb2 as c, detection_pb2 as d
+
+client = clickhouse_connect.get_client(dsn=f"chdb://{sys.argv[1]}")
+migrate(client)
+ONSET, MS = 1_800_000_000_000_000_000, 1_000_000
+engine = "policy-engine/run1"
+seq = iter(range(1, 100))
+
+def header(src, t):
+    return c.RecordHeader(source_id=src, sequence=next(seq), timestamp_ns=t, schema_version=1)
+
+det = d.Detection(
+    header=header("analytics", ONSET + 100 * MS), id="d1",
+    kind=d.DETECTION_KIND_QUEUE_CONGESTION, severity=d.SEVERITY_MAJOR, detector="overload",
+    window_start_ns=ONSET, window_end_ns=ONSET + 100 * MS,
+    labels={"node_id": "core", "interface": "edge2"},
+    queue=d.QueueRef(node_id="1", interface_name="7", queue_id=0))
+old = d.Detection(  # before the look-back: not the fault's
+    header=header("analytics", ONSET - 5000 * MS), id="d0",
+    kind=d.DETECTION_KIND_QUEUE_CONGESTION, severity=d.SEVERITY_MAJOR, detector="overload",
+    window_start_ns=ONSET - 5100 * MS, window_end_ns=ONSET - 5000 * MS,
+    queue=d.QueueRef(node_id="1", interface_name="7", queue_id=0))
+StoreWriter(client, columnar=False).insert(
+    KINDS[DETECTIONS.name], [d.DetectionBatch(records=[old, det]).SerializeToString()], "t")
+
+def action(aid, t, level, op, node="", device="", reasons=("d1",), src=engine):
+    return a.ActionEvent(action=a.Action(
+        header=header(src, t), id=aid, level=level, operation=op,
+        reason_detection_ids=list(reasons),
+        target=a.ActionTarget(node_id=node, device_id=device, switch_id=1 if device else 0),
+        state=a.ACTION_STATE_APPLIED))
+
+def result(aid, t, state, verdict=a.VERDICT_UNSPECIFIED, applied=0, verified=0):
+    return a.ActionEvent(result=a.ActionResult(
+        header=header(engine, t), action_id=aid, state=state,
+        verification=a.Verification(verdict=verdict), applied_ns=applied, verified_ns=verified))
+
+events = [
+    action("shape", ONSET + 108 * MS, a.ACTION_LEVEL_MICRO,
+           a.ACTION_OPERATION_SET_CLASS_RATE, node="core"),
+    # the engine may fill node_id with the switch id: the device names an ONOS lever
+    action("onos", ONSET + 109 * MS, a.ACTION_LEVEL_GLOBAL,
+           a.ACTION_OPERATION_ONOS_FLOW_RULE, node="1", device="of:0000000000000001"),
+    # another run's engine, and an action on an older detection: not this fault's
+    action("other", ONSET + 110 * MS, a.ACTION_LEVEL_MICRO,
+           a.ACTION_OPERATION_SET_CLASS_RATE, node="core", src="policy-engine/run0"),
+    action("stale", ONSET + 111 * MS, a.ACTION_LEVEL_MICRO,
+           a.ACTION_OPERATION_SET_CLASS_RATE, node="core", reasons=("d0",)),
+    result("shape", ONSET + 120 * MS, a.ACTION_STATE_APPLIED, applied=ONSET + 117 * MS),
+    result("shape", ONSET + 2200 * MS, a.ACTION_STATE_VERIFIED, a.VERDICT_IMPROVED,
+           applied=ONSET + 117 * MS, verified=ONSET + 2121 * MS),
+    result("onos", ONSET + 130 * MS, a.ACTION_STATE_VERIFIED, a.VERDICT_NOT_CHECKED,
+           applied=ONSET + 125 * MS, verified=ONSET + 126 * MS),
+]
+StoreWriter(client, columnar=False).insert(
+    KINDS[ACTIONS.name], [a.ActionBatch(events=events).SerializeToString()], "t")
+out = loop_timeline(client, ONSET, ONSET + 4000 * MS, engine)
+out["levels"] = [lv.model_dump() for lv in out.get("levels", [])]
+print(json.dumps(out))
+"""
+
+
+def test_every_engine_lever_of_a_fault(tmp_path: Path) -> None:
+    out = run(_LEVERS_SCRIPT, str(tmp_path / "store"))
+    onset, ms = 1_800_000_000_000_000_000, 1_000_000
+    assert out["detection_kind"] == "queue_congestion"
+    assert out["detection_ns"] == onset + 100 * ms
+    levers = [(lv["operation"], lv["level"], lv["node"], lv["verdict"]) for lv in out["levels"]]
+    # this run's actions on the fault's detections, in order; the core's queue and ONOS's rule
+    # (named by its device), each with its last state and verdict
+    assert levers == [
+        ("set_class_rate", "micro", "core", "verified (improved)"),
+        ("onos_flow_rule", "global", "of:0000000000000001", "verified (not_checked)"),
+    ]
+    shape = out["levels"][0]
+    assert (shape["applied_ns"], shape["verified_ns"]) == (onset + 117 * ms, onset + 2121 * ms)
+    # the flat fields are the first lever's
+    assert (out["node"], out["applied_ns"], out["verdict"]) == (
+        "core", onset + 117 * ms, "verified (improved)")
