@@ -128,9 +128,12 @@ def evaluate_cmd(
 
 
 def _print_reports(reports) -> None:
+    import sys
+
     from rich.table import Table
 
-    out = Console()
+    # a terminal's own width; piped to a file or a pager, wide enough for a row per flow
+    out = Console(width=None if sys.stdout.isatty() else 180)
     for rep in reports:
         t = Table(title=f"{rep.capture} (model {rep.model_version})", title_justify="left")
         for col, just in (("flow", "left"), ("packets", "right"), ("s", "right"),
