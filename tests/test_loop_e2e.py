@@ -271,15 +271,17 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
         assert detection in [kind for _, kind, _ in f.detections], ctx
         op, node = LEVERS[key]
         acted = [lv for lv in f.levers if lv.operation == op and (node is None or lv.node == node)]
-        assert acted, f"{key}: no {op} on {node or 'an edge'}: {ctx}"
-        first = acted[0]
-        assert first.applied_ns is not None and f.onset_ns - 1e9 <= first.applied_ns <= (
-            f.end_ns + options.tail_s * 1e9), ctx
-        assert first.verified, f"{key}: {op} {first.verdict}; the engine's checks:\n" + (
+        assert acted, f"{key}: no {op} on {node or 'a node'}: {ctx}"
+        verified = [lv for lv in acted if lv.verified]
+        assert verified, f"{key}: {op} {[lv.verdict for lv in acted]}; the engine's checks:\n" + (
             verifications(loop_stack.store_http_url))
+        assert all(lv.applied_ns is not None and f.onset_ns - 1e9 <= lv.applied_ns <= (
+            f.end_ns + options.tail_s * 1e9) for lv in verified), ctx
     join = by_key["session_join"]
-    # placed on a node of the joining session's path: its edge (edge2, cl2's) or the core
-    assert {lv.node for lv in join.levers if lv.operation == "set_chain"} <= {"edge2", "core"}
+    # the joining session (behind edge2) placed on a node of its path: its edge or the core
+    # (the trial's other sessions, fresh flows too, are placed on their own edges)
+    assert any(lv.operation == "set_chain" and lv.node in ("edge2", "core") and lv.verified
+               for lv in join.levers), join.model_dump_json(indent=1)
     # core congestion: ONOS's rule, and the core agent's own change of its queues
     core = by_key["core_congestion"]
     assert any(lv.node == "core" and lv.operation == "set_class_rate" and lv.verified
