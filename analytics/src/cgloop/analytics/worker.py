@@ -68,7 +68,7 @@ from cgloop.contracts.ops import Daemon
 from cgloop.errors import CgloopError
 from cgloop.metrics import PipelineMetrics, histogram
 from cgloop.v1.detection_pb2 import Detection, DetectionBatch, DetectionKind
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -267,13 +267,20 @@ class Worker:
         its committed offset, replay up to it with the output dropped (rebuilds the detector
         state), then go on. Side topics start at their committed offset (they are only
         committed here)."""
-        committed = {(p.topic, p.partition): p.offset
-                     for p in consumer.committed(partitions, timeout=10)}
         since_ms = int((time.time() - self.rebuild_s) * 1000)
         own = [p for p in partitions if p.topic not in self.side_topics]
-        times = {(p.topic, p.partition): p.offset for p in consumer.offsets_for_times(
-            [TopicPartition(p.topic, p.partition, since_ms) for p in own], timeout=10)} \
-            if own else {}
+        try:
+            committed = {(p.topic, p.partition): p.offset
+                         for p in consumer.committed(partitions, timeout=10)}
+            times = {(p.topic, p.partition): p.offset for p in consumer.offsets_for_times(
+                [TopicPartition(p.topic, p.partition, since_ms) for p in own], timeout=10)} \
+                if own else {}
+        except KafkaException as exc:
+            # The coordinator is busy (the group is still settling): go on from the committed
+            # offsets without a rebuild rather than stop; the suppressor still knows the
+            # group's recent alerts.
+            log.warning("rebalance: no committed offsets or times (%s): no state rebuild", exc)
+            committed, times = {}, {}
         for p in partitions:
             c = committed.get((p.topic, p.partition), -1001)
             tp = f"{p.topic}:{p.partition}"

@@ -2,18 +2,18 @@
 dominant effect), and switch-queue congestion as INT reports it.
 
 Every subject (a switch queue from INT, a node, a network-function instance) gets a
-utilisation series rho(t). With the capacity model R_max = (1 s - d_Σ) / t_CPU (domain.md §6),
-a core's capacity is the time it does not spend on interrupts, so:
+utilisation series rho(t). With the capacity model R_max = (1 s - d_Σ) / t_CPU (Gallenmüller
+thesis, docs/sources.md), a core's capacity is the time it does not spend on interrupts, so:
 
 * a node's rho is its busiest core's busy share (`CoreSample.utilization`): near 1 the offered
   load is at R_max. `warn_rho` 0.9 keeps the thesis' margin below it;
 * a function instance's rho is the share of the interval its AF_XDP worker spent processing
   frames (`FunctionCounters.busy_ratio`, the instance's own R_max), or its packet rate over a
   configured capacity (`capacity_pps`), whichever is higher. Its threshold is lower,
-  `function_warn_rho` 0.85: with Natif's M/D/1 model (domain.md §4) a packet waits
+  `function_warn_rho` 0.85: with Natif's M/D/1 model (Hajji thesis ch. 5-6) a packet waits
   rho / (2 (1 - rho)) service times, which for the shipped chain's `dpi` (7 µs a packet)
-  passes CALVIN's 20 µs budget of an advanced function above rho = 0.85. A ring overflow
-  (`rx_dropped` growing) is overload already: it fires at once (trigger `rx_dropped`);
+  passes CALVIN's 20 µs budget of an advanced function (CALVIN §III) above rho = 0.85. A ring
+  overflow (`rx_dropped` growing) is overload already: it fires at once (trigger `rx_dropped`);
 * a switch queue's rho is its egress utilisation or its queueing delay over the
   `queue_latency_ns` budget, whichever is higher.
 
