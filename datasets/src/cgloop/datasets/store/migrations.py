@@ -4,6 +4,13 @@ Files are named `NNNN_description.sql`. ClickHouse has no transactional DDL, so 
 recorded only after all its statements succeeded, and statements should be idempotent
 (`IF NOT EXISTS`) so a migration interrupted halfway can simply run again. A file changed after
 it was applied is refused: write a new migration instead.
+
+Cluster mode (`cluster=`, the setting CGLOOP_STORE_CLUSTER): the same files rendered for a
+ClickHouse cluster by `cgloop.datasets.store.cluster` (replicated local tables, Distributed
+tables, ON CLUSTER DDL), run through any one node. The record is then a table every node holds
+whole (one replication group across the cluster), read after syncing with the other replicas
+and written with an insert token per migration, so every node answers the same and two
+migrators racing record a migration once. It keeps the file's checksum, as single-node mode.
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from cgloop.datasets.store.cluster import (
+    ClusterRenderer,
+    ClusterRenderError,
+    cluster_wide_table,
+)
 from cgloop.datasets.store.sql import split_statements
 from clickhouse_connect.driver.client import Client
 
@@ -54,7 +66,16 @@ def discover(directory: Path) -> list[Migration]:
     return migrations
 
 
-def _ensure_table(client: Client) -> None:
+_RECORD_COLUMNS = (
+    "version UInt32, name String, checksum String, applied_at DateTime64(3) DEFAULT now64(3)"
+)
+
+
+def _ensure_table(client: Client, cluster: str | None = None) -> None:
+    if cluster:
+        for statement in cluster_wide_table(cluster, MIGRATIONS_TABLE, _RECORD_COLUMNS, "version"):
+            client.command(statement)
+        return
     client.command(f"CREATE DATABASE IF NOT EXISTS {META_DB}")
     client.command(
         f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
@@ -64,19 +85,35 @@ def _ensure_table(client: Client) -> None:
     )
 
 
-def applied(client: Client) -> dict[int, tuple[str, str]]:
+def applied(client: Client, cluster: str | None = None) -> dict[int, tuple[str, str]]:
     """version -> (name, checksum) of every applied migration."""
-    _ensure_table(client)
-    rows = client.query(f"SELECT version, name, checksum FROM {MIGRATIONS_TABLE}").result_rows
+    _ensure_table(client, cluster)
+    final = ""
+    if cluster:  # what the other replicas recorded first, then one row a version
+        client.command(f"SYSTEM SYNC REPLICA {MIGRATIONS_TABLE}")
+        final = " FINAL"
+    query = f"SELECT version, name, checksum FROM {MIGRATIONS_TABLE}{final}"
+    rows = client.query(query).result_rows
     return {int(v): (n, c) for v, n, c in rows}
 
 
-def migrate(client: Client, directory: Path | None = None) -> list[str]:
-    """Apply every pending migration in order; return the names applied (empty: nothing to do)."""
+def migrate(client: Client, directory: Path | None = None, cluster: str | None = None) -> list[str]:
+    """Apply every pending migration in order; return the names applied (empty: nothing to do).
+    `cluster`: render them for that ClickHouse cluster (see the module's docstring)."""
     directory = directory or default_migrations_dir()
-    done = applied(client)
+    renderer = ClusterRenderer(cluster) if cluster else None
+    done = applied(client, cluster)
     newly: list[str] = []
     for m in discover(directory):
+        # Every migration goes through the renderer, applied or not: it learns the tables.
+        try:
+            statements = (
+                [r.sql for r in renderer.render_script(m.sql, m.name)]
+                if renderer
+                else split_statements(m.sql)
+            )
+        except ClusterRenderError as exc:
+            raise MigrationError(f"{directory / m.name}: cluster {cluster}: {exc}") from exc
         if m.version in done:
             name, checksum = done[m.version]
             if checksum != m.checksum:
@@ -85,7 +122,7 @@ def migrate(client: Client, directory: Path | None = None) -> list[str]:
                     f"(checksum {checksum[:12]} -> {m.checksum[:12]}); add a new migration instead"
                 )
             continue
-        for i, statement in enumerate(split_statements(m.sql), start=1):
+        for i, statement in enumerate(statements, start=1):
             try:
                 client.command(statement)
             except Exception as exc:
@@ -96,6 +133,9 @@ def migrate(client: Client, directory: Path | None = None) -> list[str]:
             MIGRATIONS_TABLE,
             [[m.version, m.name, m.checksum]],
             column_names=["version", "name", "checksum"],
+            settings={"insert_deduplication_token": f"migration/{m.version}/{m.checksum}"}
+            if cluster
+            else None,
         )
         newly.append(m.name)
     return newly
