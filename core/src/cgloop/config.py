@@ -215,6 +215,10 @@ class Settings(BaseSettings):
     # Set to use an existing broker or ClickHouse server instead of the embedded ones.
     kafka_bootstrap: str | None = None
     store_url: str | None = None
+    # The ClickHouse cluster (its name in the servers' remote_servers) the store at store_url
+    # is: migrations are rendered for it (replicated local tables, Distributed tables, ON
+    # CLUSTER) and the sink's bookkeeping is replicated across it. Unset: one server or chDB.
+    store_cluster: str | None = None
     # The embedded broker: `sasl_ssl` (default) makes `cgloop up` require TLS + SCRAM on its
     # client listener (credentials generated into state_dir/kafka; clients find them there);
     # `plaintext` lets any local process read and write its topics.

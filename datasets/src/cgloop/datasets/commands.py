@@ -292,6 +292,13 @@ def sink_cmd(
     ] = None,
     metrics_addr: Annotated[str | None, metrics.option(Daemon.DAEMON_SINK)] = None,
     migrate: Annotated[bool, typer.Option(help="apply schema migrations first")] = True,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="the ClickHouse cluster --url belongs to (default: CGLOOP_STORE_CLUSTER): "
+            "cluster-mode migrations and chunk plans"
+        ),
+    ] = None,
     crash_after_inserts: Annotated[
         int | None, typer.Option(hidden=True, help="testing: exit hard after N inserts")
     ] = None,
@@ -321,10 +328,14 @@ def sink_cmd(
         _err.print("[red]sink: give --url (ClickHouse server) or --path (chDB), not both[/]")
         raise typer.Exit(2)
     folder = path or _default_path()
+    cluster = cluster or settings().store_cluster or None
+    if cluster and not url:
+        _err.print("[red]sink: --cluster (CGLOOP_STORE_CLUSTER) needs a server --url[/]")
+        raise typer.Exit(2)
     try:
         client = clickhouse_connect.get_client(dsn=url or f"chdb://{folder.resolve()}")
         if migrate:
-            apply_migrations(client)
+            apply_migrations(client, cluster=cluster)
     except MigrationError as exc:
         _err.print(f"[red]sink: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -347,6 +358,7 @@ def sink_cmd(
             max_chunk_messages=max_chunk_messages,
             max_chunk_age_s=max_chunk_age_s,
             close_minutes_every_s=close_minutes_every,
+            cluster=cluster,
             **({"topics": topics_of(topic)} if topic else {}),
         )
     except ValueError as exc:
@@ -466,7 +478,8 @@ def import_cmd(
 
     client = _client(url, path, default_url=False)
     try:
-        migrate(client)
+        # a server may be one node of a cluster (CGLOOP_STORE_CLUSTER): its schema's form
+        migrate(client, cluster=(settings().store_cluster or None) if url else None)
         for bundle in bundles:
             written = import_bundle(client, bundle)
             print(f"imported {bundle}: " + ", ".join(f"{t} {n}" for t, n in written.items()))

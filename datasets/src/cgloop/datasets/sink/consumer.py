@@ -64,13 +64,14 @@ from cgloop.contracts import SCHEMA_VERSION
 from cgloop.datasets.records import KINDS, RecordKind
 from cgloop.datasets.sink.metrics import SinkMetrics
 from cgloop.datasets.sink.writer import Encoded, StoreWriteError, StoreWriter, UndecodableBatch
+from cgloop.datasets.store.cluster import check_cluster_name, cluster_wide_table
 from cgloop.datasets.store.minutes import close_minutes
 from cgloop.metrics import KAFKA, STORE
 from cgloop.v1.common_pb2 import RecordHeader
 from cgloop.v1.deadletter_pb2 import DeadLetter
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KafkaMessage
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,16 @@ class SinkConfig(BaseModel):
     # concurrent inserts use 2 cores better than one insert's parallel views: bench/datasets).
     # Callers make this many StoreWriters (store_writers); the Sink runs a thread per writer.
     writers: int = Field(default=2, ge=1)
+    # The ClickHouse cluster the store is (CGLOOP_STORE_CLUSTER), None: one server or chDB.
+    # Several sinks of one group may then write through different nodes: the chunk plans are
+    # a table every node holds whole, written with a quorum and read after syncing, so the
+    # sink that takes over a partition sees every plan of the one that had it.
+    cluster: str | None = None
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str | None) -> str | None:
+        return check_cluster_name(value) if value else None
 
 
 @dataclass
@@ -126,7 +137,24 @@ class Chunk:
     planned_last: int | None = None
 
 
-def ensure_plans_table(client: object) -> None:
+_PLAN_COLUMNS = (
+    "group_id String, topic String, partition Int32,"
+    " first_offset Int64, last_offset Int64, planned_at DateTime DEFAULT now()"
+)
+
+
+def ensure_plans_table(client: object, cluster: str | None = None) -> None:
+    if cluster:
+        for statement in cluster_wide_table(
+            cluster,
+            PLANS_TABLE,
+            _PLAN_COLUMNS,
+            "(group_id, topic, partition, first_offset)",
+            engine="MergeTree",
+            tail=" TTL planned_at + INTERVAL 7 DAY",
+        ):
+            client.command(statement)  # type: ignore[attr-defined]
+        return
     client.command("CREATE DATABASE IF NOT EXISTS cgloop_meta")  # type: ignore[attr-defined]
     client.command(  # type: ignore[attr-defined]
         f"CREATE TABLE IF NOT EXISTS {PLANS_TABLE} ("
@@ -162,7 +190,7 @@ class Sink:
         unknown = [t for t in self.config.topics if t not in KINDS]
         if unknown:
             raise ValueError(f"no table takes topics {unknown}; known: {', '.join(KINDS)}")
-        ensure_plans_table(self.writer.client)
+        ensure_plans_table(self.writer.client, self.config.cluster)
         ensure_topics(bootstrap, [TOPICS[t] for t in self.config.topics] + [DEADLETTER])
         self._consumer = Consumer(
             {
@@ -214,6 +242,9 @@ class Sink:
     # -- partition life cycle ------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = consumer.committed(partitions, timeout=30)
+        if self.config.cluster and committed:
+            # the plans another sink wrote through another node, before reading them
+            self.writer.client.command(f"SYSTEM SYNC REPLICA {PLANS_TABLE}")
         for tp in committed:
             start = tp.offset if tp.offset >= 0 else 0
             rows = self.writer.client.query(
@@ -465,6 +496,8 @@ class Sink:
                         ]
                     ],
                     column_names=["group_id", "topic", "partition", "first_offset", "last_offset"],
+                    # on a cluster: stored on a majority of the nodes before the chunk goes in
+                    settings={"insert_quorum": "auto"} if self.config.cluster else None,
                 ),
                 "plan",
             )

@@ -169,6 +169,10 @@ class StoreWriter:
             # are dropped whole by the dedup token; background merges still replace.
             "optimize_on_insert": 0,
             "parallel_view_processing": int(self.parallel_views),
+            # On a cluster the ingest table is Distributed: the insert returns once every
+            # shard has stored its share (with this token), so the offset is committed only
+            # after that; no effect on a local table.
+            "distributed_foreground_insert": 1,
         }
         if token:
             settings["insert_deduplication_token"] = token

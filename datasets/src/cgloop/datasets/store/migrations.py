@@ -101,7 +101,10 @@ def migrate(client: Client, directory: Path | None = None, cluster: str | None =
     """Apply every pending migration in order; return the names applied (empty: nothing to do).
     `cluster`: render them for that ClickHouse cluster (see the module's docstring)."""
     directory = directory or default_migrations_dir()
-    renderer = ClusterRenderer(cluster) if cluster else None
+    try:
+        renderer = ClusterRenderer(cluster) if cluster else None
+    except ClusterRenderError as exc:
+        raise MigrationError(str(exc)) from exc
     done = applied(client, cluster)
     newly: list[str] = []
     for m in discover(directory):
