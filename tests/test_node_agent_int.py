@@ -12,14 +12,12 @@ collector's own parser reads them the same way is the agent crate's unit test
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import socket
 import statistics
 import struct
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -31,15 +29,10 @@ from cgloop.contracts.ops import Daemon, default_metrics_addr
 from cgloop.testing import scrape_metrics
 from cgloop.v1 import node_agent_pb2 as na
 
+from tests import test_node_agent_netns as netns
+
 pytestmark = pytest.mark.root
 
-_spec = importlib.util.spec_from_file_location(
-    "node_agent_netns", Path(__file__).with_name("test_node_agent_netns.py")
-)
-assert _spec and _spec.loader
-netns = importlib.util.module_from_spec(_spec)
-sys.modules["node_agent_netns"] = netns
-_spec.loader.exec_module(netns)
 
 ROOT, LEAF = 0x10001, 0x10010
 LINK_BPS = 10_000_000

@@ -8,12 +8,10 @@ read with bpftool, as an operator would.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,15 +20,10 @@ from pathlib import Path
 import pytest
 from cgloop.v1 import node_agent_pb2 as na
 
+from tests import test_node_agent_netns as netns
+
 pytestmark = pytest.mark.root
 
-_spec = importlib.util.spec_from_file_location(
-    "node_agent_netns", Path(__file__).with_name("test_node_agent_netns.py")
-)
-assert _spec and _spec.loader
-netns = importlib.util.module_from_spec(_spec)
-sys.modules["node_agent_netns"] = netns
-_spec.loader.exec_module(netns)
 
 ROOT, LL, CLASSIC = 0x10001, 0x10040, 0x10010
 ECT1 = 0x01

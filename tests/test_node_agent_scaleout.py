@@ -10,11 +10,9 @@ counter counts it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -26,15 +24,10 @@ import pytest
 from cgloop.policy.planners import catalogue
 from cgloop.v1 import node_agent_pb2 as na
 
+from tests import test_node_agent_netns as netns
+
 pytestmark = pytest.mark.root
 
-_spec = importlib.util.spec_from_file_location(
-    "node_agent_netns", Path(__file__).with_name("test_node_agent_netns.py")
-)
-assert _spec and _spec.loader
-netns = importlib.util.module_from_spec(_spec)
-sys.modules["node_agent_netns"] = netns
-_spec.loader.exec_module(netns)
 
 PORTS = ("cglxdp0", "cglxdp0-1")  # the agent's default advanced_port and instance 1's
 DPORT = 9500
