@@ -31,7 +31,7 @@ from cgloop.analytics.dpi import dissect
 from cgloop.analytics.features import FEATURE_NAMES, conversations, window_features
 from cgloop.analytics.packets import Packet, records_from_packets
 from cgloop.analytics.records import NS, conversation_key, records_from_pcap
-from cgloop.analytics.synthetic import PROFILES, gaming_records
+from cgloop.analytics.synthetic import PROFILES, gaming_records, random_session_records
 from cgloop.v1.common_pb2 import FiveTuple
 from cgloop.v1.flow_pb2 import FlowRecord
 
@@ -49,6 +49,8 @@ XBOX_SERVERS = ipaddress.ip_network("13.104.0.0/16")
 XBOX_PORTS = range(1000, 1121)
 # Expanded Xbox rows cover at most this much of the flow: they are stationary by construction.
 XBOX_EXPAND_S = 6.0
+# Random synthetic sessions (`synthetic.draw_session`) in training by default.
+RANDOM_SESSIONS = 120
 
 
 def default_data_root() -> Path:
@@ -209,8 +211,22 @@ def ndpi_flows(root: Path, min_packets: int = 4) -> list[LabelledFlow]:
     return out
 
 
-def synthetic_flows(per_platform: int = 3, duration_s: float = 6.0, seed: int = 0):
+def synthetic_flows(
+    per_platform: int = 3, duration_s: float = 6.0, seed: int = 0, random_sessions: int = 0
+) -> list[LabelledFlow]:
+    """`per_platform` sessions of each published platform profile (they name a platform, for
+    the platform forest) and `random_sessions` sessions whose bitrate, frame rate, GOP, pacing,
+    input cadence, RTP visibility, jitter, loss and adaptation are drawn at random
+    (`synthetic.draw_session`; no platform). All marked synthetic."""
     out: list[LabelledFlow] = []
+    for k in range(random_sessions):
+        d, recs = random_session_records(duration_s, seed=(seed + 7) * 100_003 + 2 * k)
+        out.append(LabelledFlow(
+            capture=f"synthetic/random/{k}", label="cloud_gaming", records=recs, synthetic=True,
+            source=(f"synthetic random {d.down_mbps:.1f} Mbit/s {d.fps:.0f} fps "
+                    f"gop {d.gop_frames} rtp {int(d.rtp)}"),
+            name=f"synthetic/random/{k}",
+        ))
     for i, platform in enumerate(sorted(PROFILES)):
         for k in range(per_platform):
             recs = gaming_records(platform, duration_s, seed=seed * 1000 + i * 100 + k)
@@ -295,6 +311,7 @@ def load_all(
     max_background: int | None = 150,
     synthetic_per_platform: int = 3,
     include: Iterable[str] = ("xbox", "ndpi", "synthetic"),
+    synthetic_random: int = RANDOM_SESSIONS,
 ) -> list[LabelledFlow]:
     root = root or default_data_root()
     include = set(include)
@@ -303,6 +320,21 @@ def load_all(
         flows += xbox_flows(root, max_background=max_background)
     if "ndpi" in include:
         flows += ndpi_flows(root)
-    if "synthetic" in include and synthetic_per_platform:
-        flows += synthetic_flows(synthetic_per_platform)
+    if "synthetic" in include and (synthetic_per_platform or synthetic_random):
+        flows += synthetic_flows(synthetic_per_platform, random_sessions=synthetic_random)
     return flows
+
+
+def lab_case_flows(n: int = 40, duration_s: float = 6.0, seed: int = 0) -> list[LabelledFlow]:
+    """The non-circular cloud-gaming sessions (`labcases.py`): a generator training never
+    uses, at bitrates outside the training range, clean and under loss, jitter and a rate cap.
+    Marked synthetic; evaluated apart, never trained on."""
+    from cgloop.analytics.labcases import case_records, draw_cases
+
+    out = []
+    for case in draw_cases(n, seed):
+        out.append(LabelledFlow(
+            capture=case.name, label="cloud_gaming", records=case_records(case, duration_s),
+            synthetic=True, source=f"lab case {case.condition}", name=case.name,
+        ))
+    return out

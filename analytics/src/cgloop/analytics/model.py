@@ -98,17 +98,18 @@ def _full_rows(X) -> np.ndarray:
     return X
 
 
-def _select(X) -> np.ndarray:
-    """The classifier's columns (CLASSIFIER_FEATURES) of full feature rows."""
-    return _full_rows(X)[:, [INDEX[n] for n in CLASSIFIER_FEATURES]]
+def _select(X, features: tuple[str, ...] | None = None) -> np.ndarray:
+    """The classifier's columns (`features`, by default CLASSIFIER_FEATURES) of full rows."""
+    return _full_rows(X)[:, [INDEX[n] for n in (features or CLASSIFIER_FEATURES)]]
 
 
 class FlowClassifier(ClassifierMixin, BaseEstimator):
     """Traffic class of a flow window (cloud gaming, video streaming, …): one class-balanced
     random forest.
 
-    Takes full feature vectors (features.FEATURE_NAMES order) and uses CLASSIFIER_FEATURES.
-    Fitted: `estimator_` (the forest), `classes_`, `n_features_in_`.
+    Takes full feature vectors (features.FEATURE_NAMES order) and uses `features`: by default
+    CLASSIFIER_FEATURES, the only set a model file may hold (another set is for the
+    evaluation's ablations). Fitted: `estimator_` (the forest), `classes_`, `n_features_in_`.
     """
 
     def __init__(
@@ -118,15 +119,20 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
         min_samples_leaf: int = 2,
         random_state: int = 0,
         n_jobs: int = 1,
+        features: tuple[str, ...] | None = None,
     ) -> None:
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.features = features
 
     def fit(self, X, y) -> FlowClassifier:
-        Xs = _select(X)
+        unknown = set(self.features or ()) - set(INDEX)
+        if unknown:
+            raise ValueError(f"unknown features {sorted(unknown)}")
+        Xs = _select(X, self.features)
         self.estimator_ = RandomForestClassifier(
             n_estimators=self.n_estimators,
             max_depth=self.max_depth,
@@ -155,7 +161,7 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X) -> np.ndarray:
         check_is_fitted(self)
-        return self.estimator_.predict_proba(_select(X))
+        return self.estimator_.predict_proba(_select(X, self.features))
 
     def predict(self, X) -> np.ndarray:
         check_is_fitted(self)
