@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from .conftest import need_data
 
 
@@ -9,14 +11,23 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     need_data("xbox-cloud-gaming")
     out = tmp_path / "report"
     res = run_cgloop("evaluate", "--out-dir", str(out), "--max-background", "10",
-                     "--synthetic", "1", "--folds", "3")
+                     "--synthetic", "1", "--synthetic-random", "8", "--folds", "3",
+                     "--lab-cases", "4")
     assert res.returncode == 0, res.stderr
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # plots embedded, no external files needed
     for name in ("confusion_matrix", "precision_recall", "time_to_decision_cdf"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "Small data" in html and "Game streams only" in html
-    assert (out / "metrics.json").exists()
+    for section in ("Per data source", "Non-circular lab cases", "Ablation"):
+        assert section in html
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [r["name"] for r in metrics["ablation"]][:2] == ["deployed", "without synthetic"]
+    assert any(r["name"] == "without cadence" for r in metrics["ablation"])
+    assert sum(c["cases"] for c in metrics["lab_cases"]["by_condition"].values()) == 4
+    assert set(metrics["per_source"]) == {"xbox-cloud-gaming", "ndpi-pcaps"}
+    assert {"game_stream_f1_real", "game_stream_f1_lab_cases",
+            "false_alarms_per_1000_other_real_flows"} <= set(metrics["targets"])
 
 
 def test_pcap_command_rejects_a_non_capture(run_cgloop, tmp_path):

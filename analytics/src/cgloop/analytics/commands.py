@@ -64,12 +64,20 @@ MaxBg = Annotated[int, typer.Option(help="background flows sampled per Xbox capt
 SynthN = Annotated[int, typer.Option(help="synthetic sessions per platform (marked synthetic)")]
 
 
-def _examples(data_root: Path | None, max_background: int, synthetic: int):
-    from cgloop.analytics.datasets import build_examples, load_all
+SynthRandom = Annotated[int | None, typer.Option(
+    min=0, help="random synthetic sessions (bitrate, frame rate, GOP, jitter, loss, adaptation "
+    "drawn at random; marked synthetic); default: datasets.RANDOM_SESSIONS (120)")]
 
+
+def _examples(data_root: Path | None, max_background: int, synthetic: int,
+              synthetic_random: int | None):
+    from cgloop.analytics.datasets import RANDOM_SESSIONS, build_examples, load_all
+
+    if synthetic_random is None:
+        synthetic_random = RANDOM_SESSIONS
     with console.status("loading real captures and synthetic sessions"):
         flows = load_all(data_root, max_background=max_background,
-                         synthetic_per_platform=synthetic)
+                         synthetic_per_platform=synthetic, synthetic_random=synthetic_random)
     with _progress() as prog:
         task = prog.add_task("features", total=len(flows))
         ex = build_examples(flows, progress=lambda: prog.advance(task))
@@ -90,6 +98,7 @@ def train_cmd(
     data_root: DataRoot = None,
     max_background: MaxBg = 150,
     synthetic: SynthN = 3,
+    synthetic_random: SynthRandom = None,
     folds: Annotated[int, typer.Option(help="grouped CV folds for the metrics in the card")] = 5,
 ) -> None:
     """Train the gaming-flow classifier on real + synthetic data; save a skops model file."""
@@ -97,7 +106,7 @@ def train_cmd(
     from cgloop.analytics.model import save
 
     out = out or default_model_path()
-    ex, flows = _examples(data_root, max_background, synthetic)
+    ex, flows = _examples(data_root, max_background, synthetic, synthetic_random)
     ev = _cross_validate(ex, folds, flows)
     with console.status("training the final model on every capture"):
         model, card = train(ex, ev)
@@ -113,18 +122,40 @@ def evaluate_cmd(
     data_root: DataRoot = None,
     max_background: MaxBg = 150,
     synthetic: SynthN = 3,
-    folds: int = 5,
+    synthetic_random: SynthRandom = None,
+    folds: Annotated[int, typer.Option(min=2, help="grouped CV folds")] = 5,
+    lab_cases: Annotated[int, typer.Option(
+        min=0, help="non-circular lab sessions (labcases.py: another generator, bitrates "
+        "outside the training range, loss, jitter, a rate cap)")] = 40,
+    lab_seed: Annotated[int, typer.Option(
+        help="seed of the lab cases (another seed: sessions no one has looked at)")] = 0,
+    ablation: Annotated[bool, typer.Option(
+        help="also evaluate without synthetic data, without each feature group, with the "
+        "bitrate and with the former features")] = True,
 ) -> None:
-    """Evaluate on whole held-out captures; write report.html, PNG plots and metrics.json."""
+    """Evaluate on whole held-out captures and on the non-circular lab cases, per class and
+    data source, with the ablations; write report.html, PNG plots and metrics.json."""
+    from cgloop.analytics import generalisation
+    from cgloop.analytics.datasets import build_examples, lab_case_flows
     from cgloop.analytics.evaluate import write_report
     from cgloop.analytics.model import read_card
 
     card = read_card(model) if model else None
-    ex, flows = _examples(data_root, max_background, synthetic)
-    ev = _cross_validate(ex, folds, flows)
-    path = write_report(ev, out_dir, card)
+    ex, flows = _examples(data_root, max_background, synthetic, synthetic_random)
+    with console.status("generating the lab cases"):
+        lab = lab_case_flows(lab_cases, seed=lab_seed)
+        lab_ex = build_examples(lab)
+    n = len(generalisation.variants()) if ablation else 1
+    with _progress() as prog:
+        task = prog.add_task("models (held-out captures and lab cases)", total=n)
+        ev, cases, rows = generalisation.run(
+            ex, flows, lab_ex, lab, folds=folds, ablation=ablation,
+            progress=lambda name: prog.update(task, advance=1, description=name))
+    extra = generalisation.metrics(ev, cases, rows)
+    path = write_report(ev, out_dir, card, generalisation.html_section(ev, cases, rows), extra)
     console.print(f"report → {path}")
-    print(json.dumps({"report": str(path), **ev.metrics()}, indent=2))
+    print(json.dumps({"report": str(path), **ev.metrics(), "targets": extra["targets"],
+                      "ablation": extra["ablation"]}, indent=2, default=str))
 
 
 def _print_reports(reports) -> None:
