@@ -558,3 +558,15 @@ def test_the_power_read_back_says_when_the_agents_tree_is_emulated():
     lab = judge_power([policy], na.GetPowerStateResponse(cores=[core], emulated=True))
     assert "emulated" not in real.detail
     assert "emulated" in lab.detail and lab.verdict == real.verdict
+
+
+def test_one_function_on_two_nodes_is_two_subjects_and_its_instances_one():
+    from cgloop.policy.detections import subject_key
+
+    def overload(node: str, instance: str) -> dpb.Detection:
+        d = dpb.Detection(function_name="dpi")
+        d.labels.update({"node_id": node, "instance": instance})
+        return d
+
+    assert subject_key(overload("edge1", "0")) != subject_key(overload("edge2", "0"))
+    assert subject_key(overload("edge1", "0")) == subject_key(overload("edge1", "1"))

@@ -67,7 +67,10 @@ def subject_key(det: dpb.Detection) -> str:
     if which == "node_id":
         return f"node:{det.node_id}"
     if which == "function_name":
-        return f"function:{det.function_name}"
+        # The same function on two nodes is two subjects (their holds and triggers apart);
+        # instances of one function on a node are one: a scale-out acts on them together.
+        node = det.labels.get("node_id", "")
+        return f"function:{node}/{det.function_name}" if node else f"function:{det.function_name}"
     if which == "link":
         lk = det.link
         return f"link:{lk.src_device_id}/{lk.src_port}>{lk.dst_device_id}/{lk.dst_port}"
