@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -242,6 +243,17 @@ class Settings(BaseSettings):
         raise ValueError(
             f"CGLOOP_KAFKA_BROKER_SECURITY={value!r} is not one of {', '.join(choices)}"
         )
+
+    @field_validator("store_cluster", mode="before")
+    @classmethod
+    def _cluster_name(cls, value: object) -> object:
+        value = _none_if_blank(value)
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(value)):
+            raise ValueError(
+                f"CGLOOP_STORE_CLUSTER={value!r} is not a cluster name: letters, digits and _, "
+                "as in the servers' remote_servers"
+            )
+        return value
 
     _kafka_empty_is_unset = field_validator(
         *(f"kafka_{name}" for name in KafkaClientSecurity.model_fields), mode="before"

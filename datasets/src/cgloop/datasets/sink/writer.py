@@ -173,6 +173,10 @@ class StoreWriter:
             # shard has stored its share (with this token), so the offset is committed only
             # after that; no effect on a local table.
             "distributed_foreground_insert": 1,
+            # The deployment's `cgloop` profile turns async inserts on (for small writers);
+            # the sink's chunks are already large, and an async insert would be merged with
+            # others into a block its token does not describe: off for the sink.
+            "async_insert": 0,
         }
         if token:
             settings["insert_deduplication_token"] = token
