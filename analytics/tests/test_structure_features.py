@@ -109,3 +109,17 @@ def test_random_sessions_are_drawn_within_the_training_range():
     for name in ("rtp", "gop_frames", "loss", "jitter_ms", "bottleneck", "pace_frac"):
         assert len({getattr(d, name) for d in draws}) > 1, name  # each one varies
     assert all(4.0 <= d.input_ms <= 16.0 for d in draws)
+
+
+def test_a_final_record_without_packets_is_no_interval_of_video():
+    recs = records_from_packets(random_session_packets(BASE, 2.0, seed=4), "test/final")
+    x = window_features(recs)
+    last = max((r for r in recs if r.packets), key=lambda r: (r.bytes, r.interval_end_ns))
+    empty = type(last)()
+    empty.CopyFrom(last)
+    empty.packets = empty.bytes = empty.burst_count = 0
+    empty.interval_start_ns = max(r.interval_end_ns for r in recs)
+    empty.interval_end_ns = empty.interval_start_ns + 100_000_000
+    y = window_features([*recs, empty])
+    for name in ("dn_cadence_cv", "dn_frame_bytes_cv", "dn_frame_peak", "both_active_frac"):
+        assert f(y, name) == pytest.approx(f(x, name)), name

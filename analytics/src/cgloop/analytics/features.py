@@ -232,6 +232,8 @@ def _structure(
     """The structural features (FEATURE_NAMES after active_s), from per-interval records."""
     dn_by: dict[int, list[int]] = {}
     for r in down:
+        if not r.packets:
+            continue  # a final record closing the flow at its expiry: no interval of video
         acc = dn_by.setdefault(r.interval_start_ns, [0, 0])
         acc[0] += r.bytes
         acc[1] += r.burst_count
