@@ -392,6 +392,20 @@ class ClosedLoop:
 
     def _start_edge(self, p: EdgePlan, say) -> None:
         s, o = self.services, self.options
+        # The probe first: the agent's power module opens the probe's pinned per-function
+        # counters when it starts (X-MAN's input), so they must exist by then. The probe
+        # needs nothing of the agent (XDP at ingress of the edge's interfaces; the agent
+        # attaches XDP only to its own AF_XDP ports).
+        rt = self.nodes[p.node]
+        probe = self._spawn(p.node, f"flow-probe-{p.node}", [
+            str(probe_binary()), "run", *(a for i in p.interfaces for a in ("-i", i)),
+            "--no-egress", "--kafka", self.settings.bootstrap_servers,
+            "--source-id", f"{p.node}/flow-probe", "--interval-ms", str(o.probe_interval_ms),
+            "--pin-dir", str(rt.pin_dir),
+            "--function", f"{p.node}={','.join(p.interfaces)}",
+        ])
+        s.wait_for(probe, s.log_says(probe, "cgloop-probe: observing"), 30)
+        say(f"flow probe on {p.node}: {', '.join(p.interfaces)}")
         if self.lab is not None:
             # this VM has no cpufreq: the agent's power module writes an emulated tree
             tree = write_sysfs(self.run_dir / "sysfs" / p.node)
@@ -430,16 +444,6 @@ class ClosedLoop:
         chain = self._stub_call(p.node, configure)
         say(f"node agent on {p.node}: queues on {p.bottleneck}, {len(p.targets) * 2} probes"
             f"{chain}")
-        rt = self.nodes[p.node]
-        probe = self._spawn(p.node, f"flow-probe-{p.node}", [
-            str(probe_binary()), "run", *(a for i in p.interfaces for a in ("-i", i)),
-            "--no-egress", "--kafka", self.settings.bootstrap_servers,
-            "--source-id", f"{p.node}/flow-probe", "--interval-ms", str(o.probe_interval_ms),
-            "--pin-dir", str(rt.pin_dir),
-            "--function", f"{p.node}={','.join(p.interfaces)}",
-        ])
-        s.wait_for(probe, s.log_says(probe, "cgloop-probe: observing"), 30)
-        say(f"flow probe on {p.node}: {', '.join(p.interfaces)}")
 
     def _start_core(self, c: CorePlan, say) -> None:
         s = self.services
