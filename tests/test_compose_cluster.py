@@ -153,7 +153,9 @@ def test_two_shards_of_two_replicas_with_their_macros_and_keeper(cluster: dict[s
     assert node.findtext("port") == keeper.findtext("tcp_port")
     config_arg = next(a for a in svc["command"] if a.startswith("--config-file="))
     assert mounts(svc)[config_arg.split("=", 1)[1]] == str(KEEPER_XML.relative_to(REPO))
-    assert "9181" in " ".join(svc["healthcheck"]["test"])
+    health = " ".join(svc["healthcheck"]["test"])
+    assert f"127.0.0.1:{keeper.findtext('http_control/port')}/ready" in health, health
+    assert f"--port {keeper.findtext('tcp_port')}" in health, health
 
 
 def _grants(root: ET.Element, user: str) -> list[str]:
