@@ -23,6 +23,7 @@ from cgloop.datasets.store.cluster import (
     ClusterRenderer,
     ClusterRenderError,
     render_migrations,
+    ttl_statement,
 )
 from cgloop.datasets.store.migrations import default_migrations_dir, discover
 
@@ -275,3 +276,11 @@ def test_cluster_migrate_records_each_migration_once_for_every_replica() -> None
     again.records = list(client.records)
     assert migrate(again, cluster="c") == []  # type: ignore[arg-type]
     assert not [c for c in again.commands if c.startswith("CREATE TABLE IF NOT EXISTS cgloop.")]
+
+
+def test_retention_changes_the_local_tables_on_a_cluster() -> None:
+    single = ttl_statement("flow_records", 7)
+    assert single == "ALTER TABLE cgloop.flow_records MODIFY TTL ingested_at + INTERVAL 7 DAY"
+    assert ttl_statement("flow_records", 7, "c") == (
+        "ALTER TABLE cgloop.flow_records_local ON CLUSTER c MODIFY TTL ingested_at + INTERVAL 7 DAY"
+    )

@@ -166,11 +166,16 @@ def ttl_cmd(
     days: Annotated[int, typer.Argument(min=1, help="keep rows this many days after ingest")],
     path: Annotated[Path | None, typer.Option(help="chDB data folder")] = None,
     url: Annotated[str | None, typer.Option(help="ClickHouse server URL instead")] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="the cluster --url belongs to (default: CGLOOP_STORE_CLUSTER)"),
+    ] = None,
 ) -> None:
     """Change a table's retention (counted from ingested_at)."""
     import re
 
     import clickhouse_connect
+    from cgloop.datasets.store.cluster import ClusterRenderError, ttl_statement
 
     if not re.fullmatch(r"[a-z0-9_]+", table):
         _err.print(f"[red]not a table name: {escape(table)!r}[/]")
@@ -179,7 +184,12 @@ def ttl_cmd(
         dsn=url or f"chdb://{(path or _default_path()).resolve()}"
     )
     try:
-        client.command(f"ALTER TABLE cgloop.{table} MODIFY TTL ingested_at + INTERVAL {days} DAY")
+        # on a cluster: the local tables, on every node (a Distributed table keeps no rows)
+        on = (cluster or settings().store_cluster or None) if url else None
+        client.command(ttl_statement(table, days, on))
+    except ClusterRenderError as exc:
+        _err.print(f"[red]ttl: {escape(str(exc))}[/]", highlight=False)
+        raise typer.Exit(2) from None
     except Exception as exc:
         _err.print(f"[red]ttl: {escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None

@@ -325,6 +325,17 @@ def render_migrations(
     return {name: renderer.render_script(sql, name) for name, sql in scripts}
 
 
+def ttl_statement(table: str, days: int, cluster: str | None = None) -> str:
+    """`cgloop store ttl`: a table's retention; on a cluster its local table on every node."""
+    if not cluster:
+        return f"ALTER TABLE {DATABASE}.{table} MODIFY TTL ingested_at + INTERVAL {days} DAY"
+    check_cluster_name(cluster)
+    return (
+        f"ALTER TABLE {DATABASE}.{table}{LOCAL_SUFFIX} ON CLUSTER {cluster}"
+        f" MODIFY TTL ingested_at + INTERVAL {days} DAY"
+    )
+
+
 # ------------------------------------------------------------- cluster-wide meta tables ------
 
 
