@@ -352,8 +352,8 @@ figure{{display:inline-block;margin:8px}}img{{max-width:460px}}</style></head><b
 <p>{ev.folds}-fold cross-validation grouped by capture: each capture's flows are predicted by a
 model trained without that capture. Numbers below are on <b>{ev.flows_real} real flows from
 {ev.captures_real} captures</b> (flow level, longest prefix ≤ {max(PREFIXES_S)} s);
-{ev.flows_synthetic} synthetic flows (platform profiles, MOSAICO D234 §2.1) were used in training
-folds only and are not counted.</p>
+{ev.flows_synthetic} synthetic flows (platform profiles, MOSAICO D234 §2.1, and sessions drawn at
+random) were used in training folds only and are not counted.</p>
 <h2>Per class</h2><table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th>
 <th>real flows</th><th>synthetic flows</th></tr>{rows}</table>
 <p>Game streams only (binary cloud gaming vs everything else, GeForce Now set-up flows left
