@@ -35,7 +35,7 @@ def test_every_loop_policy_expects_the_slo_of_a_probed_queue(
     policies = [
         p for f in sorted(folder.glob("*.yaml")) for p in yaml.safe_load(f.read_text())["policies"]
     ]
-    assert {p["id"] for p in policies} >= {"lab-l4s-abuse-demote"}
+    assert {p["id"] for p in policies} >= {f"lab-l4s-abuse-demote-{plan.node}"}  # per edge
     for p in policies:
         action = p["action"]
         if action["operation"] == "protect_flow":
