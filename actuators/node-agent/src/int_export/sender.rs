@@ -6,7 +6,7 @@
 //! datagram's starts after its last, so a collector can tell how many reports it missed, not
 //! only how many datagrams.
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -18,15 +18,20 @@ pub trait Transport {
     fn send(&mut self, datagram: &[u8]) -> io::Result<()>;
 }
 
-/// A connected UDP socket (an ephemeral local port on the matching family's wildcard).
+/// A connected UDP socket on an ephemeral local port: on loopback when the collector is (the
+/// lab's default, nothing bound beyond it), else on the family's unspecified address so the
+/// kernel picks the route's source.
 pub struct Udp(UdpSocket);
 
 impl Udp {
     pub fn connect(collector: SocketAddr) -> Result<Self> {
-        let local: SocketAddr = if collector.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
-            .parse()
-            .context("wildcard address")?;
-        let s = UdpSocket::bind(local).context("binding the INT exporter's UDP socket")?;
+        let ip: IpAddr = match (collector.ip().is_loopback(), collector.is_ipv4()) {
+            (true, true) => Ipv4Addr::LOCALHOST.into(),
+            (true, false) => Ipv6Addr::LOCALHOST.into(),
+            (false, true) => Ipv4Addr::UNSPECIFIED.into(),
+            (false, false) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let s = UdpSocket::bind(SocketAddr::new(ip, 0)).context("binding the INT exporter's UDP socket")?;
         s.connect(collector)
             .with_context(|| format!("int_export.collector {collector}: connect"))?;
         Ok(Self(s))
@@ -161,6 +166,19 @@ impl<T: Transport> Batcher<T> {
 mod tests {
     use super::*;
     use crate::int_export::encode::report_len;
+
+    #[test]
+    fn a_loopback_collector_is_sent_to_from_loopback_only() {
+        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let udp = Udp::connect(collector.local_addr().unwrap()).unwrap();
+        let local = udp.0.local_addr().unwrap();
+        assert!(local.ip().is_loopback(), "bound to {local}");
+        let mut udp = udp;
+        udp.send(b"postcard").unwrap();
+        let mut buf = [0u8; 16];
+        let (n, from) = collector.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"postcard"[..], local));
+    }
 
     #[derive(Default)]
     struct Collect {
