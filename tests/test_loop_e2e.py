@@ -116,16 +116,8 @@ def fault_key(f) -> str:
 
 
 # Panels with no source in the lab: no RAPL power meter in the VM (the emulated tree has
-# cpufreq and cpuidle only); the INT panels too when the agent had no INT source (a note says so).
+# cpufreq and cpuidle only).
 NO_SOURCE_IN_THE_LAB = {("cgloop-nodes", "Power")}
-INT_PANELS = {
-    ("cgloop-flow", "End-to-end latency percentiles (INT)"),
-    ("cgloop-flow", "Latency CDF (INT, 0.1 ms steps)"),
-    ("cgloop-flow", "Worst 20 latency events over time (INT)"),
-    ("cgloop-flow", "Worst 20 latency events"),
-    ("cgloop-nodes", "Queue delay (INT)"),
-    ("cgloop-nodes", "Queue occupancy (INT)"),
-}
 
 
 def verifications(store_url: str) -> str:
@@ -230,7 +222,7 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
         # starts on a whole minute, as an operator's "last N minutes" covers the per-minute
         # roll-ups' bucket of the run's first second.
         whole_minute = started_ns - started_ns % 60_000_000_000
-        exempt = NO_SOURCE_IN_THE_LAB | (set() if closed.int_export else INT_PANELS)
+        exempt = NO_SOURCE_IN_THE_LAB
         problems = [
             p for p in check_dashboards(loop_stack.store_http_url, whole_minute, time.time_ns())
             if (p.uid, p.panel) not in exempt

@@ -20,7 +20,7 @@ from cgloop.loop.closed_loop import (
     write_levers,
     write_policies,
 )
-from cgloop.loop.core import CorePlan, agent_refuses_int_export, core_agent_toml
+from cgloop.loop.core import CorePlan, core_agent_toml
 from cgloop.loop.edge import (
     DEFAULT_CLASS,
     EF_DSCP,
@@ -74,15 +74,11 @@ def test_one_plan_per_edge_and_the_core() -> None:
         "sample_every": 32,
     }
     assert toml["bounds"]["interfaces"] == ["edge1", "edge2"]
-    assert "int_export" not in tomllib.loads(core_agent_toml(core, "/j", "", int_export=False))
     # the analytics name INT's switch 1 and its egress ports (ifindexes) as the lab does
     core.int_ports = {7: "edge1", 9: "edge2"}
     assert core.analytics_args() == [
         "--int-switch", "1=core", "--int-port", "1:7=edge1", "--int-port", "1:9=edge2",
     ]
-    # an agent built before its INT source refuses the section: the loop starts it without
-    assert agent_refuses_int_export("Error: parsing config: unknown field `int_export`, …")
-    assert not agent_refuses_int_export("Error: parsing config: bad value for node_id")
 
 
 def test_a_topology_without_an_edge_is_refused() -> None:

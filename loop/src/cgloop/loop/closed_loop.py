@@ -38,7 +38,6 @@ from cgloop.lab.sessions import GamingSpec, MediaSession
 from cgloop.lab.traffic.stats import Packets
 from cgloop.loop.core import (
     CorePlan,
-    agent_refuses_int_export,
     core_agent_toml,
     int_collector_argv,
 )
@@ -449,20 +448,9 @@ class ClosedLoop:
         s = self.services
         journal = str(self.run_dir / f"agent-journal-{c.node}.pb")
         agent = self._start_agent(c.node, core_agent_toml(
-            c, journal, self.settings.bootstrap_servers, int_export=True))
-        try:
-            s.wait_for(agent, s.log_says(agent, "listening on"), 30)
-            self.int_export = True
-        except ServiceError:
-            if agent.alive() or not agent_refuses_int_export(
-                    agent.log.read_text(errors="replace")):
-                raise
-            s.discard(agent)
-            self.notes.add(f"{c.node}: the node agent has no INT source yet ([int_export] "
-                           "refused): no INT reports in this run", say)
-            agent = self._start_agent(c.node, core_agent_toml(
-                c, journal, self.settings.bootstrap_servers, int_export=False))
-            s.wait_for(agent, s.log_says(agent, "listening on"), 30)
+            c, journal, self.settings.bootstrap_servers))
+        s.wait_for(agent, s.log_says(agent, "listening on"), 30)
+        self.int_export = True
         self.agent_pids[c.node] = agent.proc.pid
 
         def configure(stub: NodeAgentServiceStub) -> None:

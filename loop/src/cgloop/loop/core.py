@@ -100,12 +100,10 @@ class CorePlan:
         return out
 
 
-def core_agent_toml(
-    plan: CorePlan, journal: str, kafka_bootstrap: str, int_export: bool = True
-) -> str:
+def core_agent_toml(plan: CorePlan, journal: str, kafka_bootstrap: str) -> str:
     """The core's agent: bounds to its core→edge interfaces, the 1 ms queue monitor (what INT
-    reports as hop latency and queue occupancy), no micro loop of its own, and, when the agent
-    supports it, `[int_export]` to the collector beside it."""
+    reports as hop latency and queue occupancy), no micro loop of its own, and `[int_export]`
+    to the collector beside it."""
     q = json.dumps
     lines = [
         f"node_id = {q(plan.node)}",
@@ -121,15 +119,12 @@ def core_agent_toml(
         "enabled = false",
         "[guard]",
         "enabled = false",
+        "[int_export]",
+        f"collector = {q(INT_COLLECTOR)}",
+        f"node_id = {INT_NODE_ID}",
+        f"interfaces = [{', '.join(q(i) for i in plan.edges)}]",
+        f"sample_every = {INT_SAMPLE_EVERY}",
     ]
-    if int_export:
-        lines += [
-            "[int_export]",
-            f"collector = {q(INT_COLLECTOR)}",
-            f"node_id = {INT_NODE_ID}",
-            f"interfaces = [{', '.join(q(i) for i in plan.edges)}]",
-            f"sample_every = {INT_SAMPLE_EVERY}",
-        ]
     return "\n".join([*lines, ""])
 
 
@@ -140,9 +135,3 @@ def int_collector_argv(binary: str, kafka_bootstrap: str, source_id: str) -> lis
         binary, "run", "--listen", INT_COLLECTOR, "--workers", "1",
         "--kafka", kafka_bootstrap, "--source-id", source_id,
     ]
-
-
-def agent_refuses_int_export(log_text: str) -> bool:
-    """The agent's start failed on `[int_export]` (an agent built before its INT source): its
-    configuration refuses unknown sections."""
-    return "int_export" in log_text and "unknown field" in log_text

@@ -99,13 +99,6 @@ class Services:
     def log_says(self, svc: Service, text: str) -> Callable[[], bool]:
         return lambda: text in svc.log.read_text(errors="replace")
 
-    def discard(self, svc: Service) -> None:
-        """Forget a service that exited and was replaced (its log stays)."""
-        assert not svc.alive(), f"{svc.name} still runs"
-        self.started.remove(svc)
-        if svc.in_lab and self.lab is not None:
-            self.lab.forget([svc.proc.pid])
-
     def check(self) -> list[str]:
         """Services that died, with the end of their logs."""
         return [
