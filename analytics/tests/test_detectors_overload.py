@@ -54,7 +54,7 @@ def test_sustained_load_fires_after_min_duration_exactly() -> None:
     assert d.kind == K.DETECTION_KIND_QUEUE_CONGESTION and d.detector == "overload"
     assert d.severity == Severity.SEVERITY_MAJOR
     assert d.queue == QueueRef(node_id="1", interface_name="2", queue_id=3)
-    assert dict(d.labels) == {**QLABELS, "trigger": "sustained"}
+    assert dict(d.labels) == {**QLABELS, "trigger": "sustained", "episode": str(T0)}
     assert (d.window_start_ns, d.window_end_ns) == (T0, T0 + NS)
     assert d.confidence == pytest.approx(0.5 + 0.5 * 0.95)
     ev = evidence(d)
@@ -96,7 +96,7 @@ def test_a_rising_trend_fires_ahead_of_overload() -> None:
     hits = feed(det, [(t, 0.6 + 0.2 * t) for t in (0.0, 0.25, 0.5, 0.75, 1.0)])
     assert [t for t, _ in hits] == [0.75]
     d = hits[0][1]
-    assert dict(d.labels) == {**QLABELS, "trigger": "trend"}
+    assert dict(d.labels) == {**QLABELS, "trigger": "trend", "episode": str(T0)}
     assert d.severity == Severity.SEVERITY_MAJOR
     assert d.window_start_ns == T0 and d.window_end_ns == T0 + int(0.75 * NS)
     ev = evidence(d)
@@ -168,8 +168,10 @@ def test_a_function_is_loaded_by_its_packet_rate_over_its_capacity() -> None:
     assert det.on_node(node(NS, functions=[("dpi", 1450)])) == []  # 950 pps for 0.5 s
     (d,) = det.on_node(node(3 * NS // 2, functions=[("fwd", 10**9), ("dpi", 1925)]))
     assert d.kind == K.DETECTION_KIND_FUNCTION_OVERLOAD and d.function_name == "dpi"
-    assert dict(d.labels) == {"node_id": "edge", "function_name": "dpi", "instance": "0",
-                              "core": "0", "trigger": "sustained"}
+    labels = dict(d.labels)
+    assert int(labels.pop("episode")) <= d.window_end_ns  # the episode's start names it
+    assert labels == {"node_id": "edge", "function_name": "dpi", "instance": "0",
+                      "core": "0", "trigger": "sustained"}
     assert evidence(d)["rate_pps"] == pytest.approx((950.0, 1000.0, 0.0, "pps"))
     assert evidence(d)["rho"][0] == pytest.approx(0.95)
     assert "f/edge/dpi/0" in det.subjects and "f/edge/fwd/0" not in det.subjects
@@ -248,5 +250,5 @@ def test_a_high_but_falling_load_waits_for_the_duration() -> None:
     det = QueueOverloadDetector()
     falling = [(0, 1.3), (0.25, 1.29), (0.5, 1.28), (0.75, 1.27), (1.0, 1.26)]
     assert [(t, dict(d.labels)) for t, d in feed(det, falling)] == [
-        (1.0, {**QLABELS, "trigger": "sustained"})
+        (1.0, {**QLABELS, "trigger": "sustained", "episode": str(T0)})
     ]

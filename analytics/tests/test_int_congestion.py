@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from cgloop.analytics.detectors import QueueOverloadDetector
+from cgloop.analytics.detectors import QueueOverloadDetector, Suppressor
 from cgloop.analytics.engine import AnalyticsEngine, EngineConfig
 from cgloop.v1.common_pb2 import FiveTuple, RecordHeader
 from cgloop.v1.detection_pb2 import DetectionKind as K
@@ -97,7 +97,8 @@ def test_congestion_fires_within_100_ms_of_the_crossing(seed: int) -> None:
     assert d.window_end_ns == crossing, "no window: the crossing report itself"
     assert d.queue == QueueRef(node_id="1", interface_name="3", queue_id=0)
     assert dict(d.labels) == {"switch_id": "1", "egress_port": "3", "queue_id": "0",
-                              "node_id": "core", "interface": "edge1", "trigger": "congested"}
+                              "node_id": "core", "interface": "edge1", "trigger": "congested",
+                              "episode": str(crossing)}
     assert d.severity in (Severity.SEVERITY_MAJOR, Severity.SEVERITY_CRITICAL)
     assert not [x for x in out if x.kind == K.DETECTION_KIND_TELEMETRY_GAP]
 
@@ -122,6 +123,10 @@ def test_an_episode_fires_once_and_a_new_crossing_again() -> None:
     assert det.on_int_queue(s.queue(T0 + 800 * MS, False, cells=10).queue) == []
     (again,) = det.on_int_queue(s.queue(T0 + 900 * MS, True, cells=2600).queue)
     assert again.id != first[0].id and again.window_end_ns == T0 + 900 * MS
+    # the worker's suppressor (60 s re-alert) lets the new episode through, not the old again
+    sup = Suppressor()
+    assert sup.allow(first[0]) and sup.allow(again)
+    assert not sup.allow(first[0]) and not sup.allow(again)
 
 
 def test_queues_are_told_apart_and_unknown_names_are_left_out() -> None:

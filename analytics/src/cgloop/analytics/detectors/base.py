@@ -102,8 +102,17 @@ class Suppressor:
         self.max_keys = max_keys
         self.last: OrderedDict[str, int] = OrderedDict()
 
-    def allow(self, det: Detection) -> bool:
+    @staticmethod
+    def key(det: Detection) -> str:
+        """What an alert is about. A detector that tracks its own episodes (the overload
+        detector: an episode ends when its subject drops back) names each one in the label
+        `episode`, so a new episode alerts even within `realert_after_ns` of the last."""
         key = f"{det.detector}|{det.kind}|{subject_key(det)}"
+        # without the label, the key as state files written before it hold it
+        return f"{key}|{det.labels['episode']}" if "episode" in det.labels else key
+
+    def allow(self, det: Detection) -> bool:
+        key = self.key(det)
         prev = self.last.get(key)
         if prev is not None and det.window_end_ns - prev < self.realert_after_ns:
             self.last[key] = max(prev, det.window_end_ns)
@@ -118,7 +127,7 @@ class Suppressor:
     def observe(self, det: Detection) -> None:
         """An alert emitted elsewhere (another worker of the group, read back from the
         detections topic): remembered as if this suppressor had allowed it."""
-        key = f"{det.detector}|{det.kind}|{subject_key(det)}"
+        key = self.key(det)
         self.last[key] = max(self.last.get(key, 0), det.window_end_ns)
         self.last.move_to_end(key)
         while len(self.last) > self.max_keys:

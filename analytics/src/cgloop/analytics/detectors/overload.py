@@ -162,7 +162,8 @@ class QueueOverloadDetector:
                 *extra,
             ],
             self.name, (s.samples[0][0], t), s.subject, start,
-            labels={**s.labels, "trigger": trigger},
+            # the episode's start names it: the worker's suppressor lets a new episode through
+            labels={**s.labels, "trigger": trigger, "episode": str(start)},
             subject_field="function_name"
             if s.kind == DetectionKind.DETECTION_KIND_FUNCTION_OVERLOAD else "node_id",
         )]
