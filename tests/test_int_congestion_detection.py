@@ -105,7 +105,8 @@ def test_the_collectors_crossing_record_fires_queue_congestion(stack_settings, t
     assert d.window_end_ns == on[0].header.timestamp_ns, "fired in the crossing record itself"
     assert dict(d.labels) == {"switch_id": "2", "egress_port": "3",
                               "queue_id": str(on[0].queue_id), "node_id": "core",
-                              "interface": "edge1", "trigger": "congested"}
+                              "interface": "edge1", "trigger": "congested",
+                              "episode": str(on[0].header.timestamp_ns)}
     wall_ms = acked_ms - on[0].header.timestamp_ns / 1e6
     print(f"collector receipt of the crossing report -> detection on Kafka: {wall_ms:.1f} ms "
           f"(collector {on_ms[0] - on[0].header.timestamp_ns / 1e6:.1f} ms, analytics "
