@@ -1,4 +1,5 @@
-//! Builds the tc datapath (bpf/agent.bpf.c) with libbpf-cargo's skeleton builder. CO-RE:
+//! Builds the tc datapath (bpf/agent.bpf.c) and the per-node CPU accounting
+//! (bpf/cpu_acct.bpf.c) with libbpf-cargo's skeleton builder. CO-RE:
 //! vmlinux.h is generated from the running kernel's BTF into OUT_DIR, never committed.
 //! The packet parser is the flow probe's (telemetry/bpf/include/parse/), shared so that both
 //! datapaths read the same frames the same way.
@@ -9,6 +10,7 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 const SRC: &str = "bpf/agent.bpf.c";
+const CPU_ACCT: &str = "bpf/cpu_acct.bpf.c";
 /// Headers shared with the flow probe (the parser, enum cgloop_stat).
 const SHARED_INCLUDE: &str = "../../telemetry/bpf/include";
 
@@ -37,7 +39,13 @@ fn main() {
         ])
         .build_and_generate(out.join("agent.skel.rs"))
         .expect("building bpf/agent.bpf.c");
+    SkeletonBuilder::new()
+        .source(CPU_ACCT)
+        .clang_args(["-I".to_string(), out.display().to_string(), "-Wall".to_string()])
+        .build_and_generate(out.join("cpu_acct.skel.rs"))
+        .expect("building bpf/cpu_acct.bpf.c");
     println!("cargo:rerun-if-changed={SRC}");
+    println!("cargo:rerun-if-changed={CPU_ACCT}");
     println!("cargo:rerun-if-changed=bpf/agent.h");
     println!("cargo:rerun-if-changed=bpf/qmon.bpf.h");
     println!("cargo:rerun-if-changed=bpf/qprot.bpf.h");

@@ -188,7 +188,7 @@ fn pin(tid: libc::pid_t, core: u32) -> Result<()> {
     Ok(())
 }
 
-fn now_monotonic_ns() -> u64 {
+pub(crate) fn now_monotonic_ns() -> u64 {
     // SAFETY: a zeroed timespec is valid, and the kernel writes it.
     let ts = unsafe {
         let mut ts: libc::timespec = std::mem::zeroed();

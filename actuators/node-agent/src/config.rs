@@ -295,6 +295,16 @@ impl GuardSettings {
     }
 }
 
+/// `[cpu_accounting]`: where the node samples' per-core utilisation comes from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CpuAccounting {
+    /// A cgroup v2 directory holding this node's processes: utilisation is the share of each
+    /// core its tasks ran (src/cpu_acct.rs), for nodes that share a machine (the lab). Unset:
+    /// the machine's `/proc/stat`, for an agent that has its machine to itself.
+    pub cgroup: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -335,6 +345,7 @@ pub struct Config {
     /// `kafka_bootstrap` is set; 0 = none.
     pub node_sample_interval_ms: u64,
     pub node_topic: String,
+    pub cpu_accounting: CpuAccounting,
     pub queues: QueueSettings,
     pub queue_protection: QueueProtectionSettings,
     /// Where the node micro loop's actions go (`Action` records, level NODE), with Kafka.
@@ -365,6 +376,7 @@ impl Default for Config {
             advanced_rt_priority: 10,
             node_sample_interval_ms: 1000,
             node_topic: bus::topic(BusTopic::Nodes).name.clone(),
+            cpu_accounting: CpuAccounting::default(),
             queues: QueueSettings::default(),
             queue_protection: QueueProtectionSettings::default(),
             action_topic: bus::topic(BusTopic::Actions).name.clone(),

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod audit;
 pub mod config;
+pub mod cpu_acct;
 pub mod error;
 pub mod export;
 pub mod guard;

@@ -140,6 +140,7 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_
     let probes = Probes::new(config.node_id.clone(), sink);
     let samples = (!config.kafka_bootstrap.is_empty() && config.node_sample_interval_ms > 0).then(|| {
         (
+            config.cpu_accounting.cgroup.clone(),
             config.kafka_bootstrap.clone(),
             config.node_topic.clone(),
             config.node_id.clone(),
@@ -184,8 +185,12 @@ fn serve(config: Config, listen: String, tls_dir: PathBuf, metrics_addr: cgloop_
         }
     };
     agent.start_guard(view, on_move, stop_guard.clone())?;
-    if let Some((bootstrap, topic, node_id, interval)) = samples {
-        cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone())?;
+    if let Some((cgroup, bootstrap, topic, node_id, interval)) = samples {
+        let cpu: Box<dyn cgloop_node_agent::nodes::CpuSource> = match cgroup {
+            Some(dir) => Box::new(cgloop_node_agent::cpu_acct::CgroupCpu::attach(&dir)?),
+            None => Box::new(cgloop_node_agent::nodes::ProcStat),
+        };
+        cgloop_node_agent::nodes::start(&bootstrap, &topic, &node_id, interval, agent.clone(), cpu)?;
     }
     watch_sampler(&agent, metrics.clone(), stop_guard.clone())?;
     // The INT source (`[int_export]`): postcards of the agent's queues to the INT collector.

@@ -1,5 +1,6 @@
 //! Node samples to Kafka (`cgloop.nodes.v1`, one `NodeSampleBatch` per message, key = node
-//! id): every `node_sample_interval_ms` the agent reads per-core CPU time from `/proc/stat`
+//! id): every `node_sample_interval_ms` the agent reads per-core CPU time from `/proc/stat`, or
+//! from the node's cgroup where nodes share a machine (`[cpu_accounting]`, src/cpu_acct.rs)
 //! (utilization = busy share of the interval), the cpufreq/cpuidle state of the cores where the
 //! node has them, and the packet counters of every chain function (BPF and AF_XDP) from its own
 //! state: a BPF function once, an advanced (AF_XDP) function once per instance, with the
@@ -47,6 +48,27 @@ pub fn parse_proc_stat(text: &str) -> Result<BTreeMap<u32, CpuTimes>> {
     }
     anyhow::ensure!(!out.is_empty(), "/proc/stat has no cpuN lines");
     Ok(out)
+}
+
+/// Where a node's per-core busy time comes from.
+pub trait CpuSource: Send + 'static {
+    /// Cumulative busy and total time per online CPU (any unit, the same for both).
+    fn read(&self) -> Result<BTreeMap<u32, CpuTimes>>;
+    /// What is read, for the log.
+    fn describe(&self) -> String;
+}
+
+/// The machine's CPU time (`/proc/stat`): the node is the machine.
+pub struct ProcStat;
+
+impl CpuSource for ProcStat {
+    fn read(&self) -> Result<BTreeMap<u32, CpuTimes>> {
+        std::fs::read_to_string("/proc/stat").context("reading /proc/stat").and_then(|t| parse_proc_stat(&t))
+    }
+
+    fn describe(&self) -> String {
+        "/proc/stat".into()
+    }
 }
 
 /// Busy share of each CPU between two readings (0..1; a CPU without progress reads 0).
@@ -183,13 +205,14 @@ pub fn start(
     node_id: &str,
     interval: Duration,
     source: Arc<dyn Source>,
+    cpu: Box<dyn CpuSource>,
 ) -> Result<()> {
     let producer = crate::export::producer(bootstrap, &format!("{node_id}-nodes"))?;
     let (topic, node_id) = (topic.to_string(), node_id.to_string());
     std::thread::Builder::new()
         .name("node-samples".into())
         .spawn(move || {
-            let read = || std::fs::read_to_string("/proc/stat").map_err(anyhow::Error::from).and_then(|t| parse_proc_stat(&t));
+            let read = || cpu.read();
             let mut prev = read().unwrap_or_default();
             let mut seq = 0u64;
             let mut history = BusyHistory::new();
@@ -198,7 +221,7 @@ pub fn start(
                 let cur = match read() {
                     Ok(c) => c,
                     Err(e) => {
-                        tracing::warn!("node sample: {e:#}");
+                        tracing::warn!("node sample ({}): {e:#}", cpu.describe());
                         continue;
                     }
                 };
