@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from cgloop.analytics.model import FORMAT_VERSION, MODEL_FORMAT
 from cgloop.testing import ROOT
 from typer.testing import CliRunner
 
@@ -68,7 +69,7 @@ def _unsigned_model(tmp: Path) -> tuple[list[str], str]:
     # A sound model file whose card has no signature: refused before anything reads the trees.
     path = tmp / "m.skops"
     card = {
-        "format": "cgloop.flow-classifier", "format_version": 1, "version": "v", "created": "c",
+        "format": MODEL_FORMAT, "format_version": FORMAT_VERSION, "version": "v", "created": "c",
         "features": [], "classes": [], "platforms": [], "training_data_sha256": "",
         "training_examples": 0, "training_captures": [], "synthetic_captures": [],
         "metrics": {}, "content_sha256": hashlib.sha256().hexdigest(),  # no other member

@@ -9,9 +9,10 @@ Two paths, both reported with their share:
   nDPI named it. Xbox and PlayStation run online games and cloud gaming alike: nDPI gives the
   platform, the behaviour gives the class.
 * **behaviour**: the flow classifier on the probe's records (the Rust pcap twin), at the prefix
-  lengths it was trained on (`datasets.PREFIXES_S`, 0.5 to 5 s): the label at the longest
-  prefix, its probability, and the time to decision, the shortest prefix from which every
-  longer one gives that label with p >= 0.8 (None: never that sure).
+  lengths it was trained on (`datasets.PREFIXES_S`, 0.5 to 5 s), decided by the streaming
+  engine's rule (`decision.py`, the model's fitted thresholds): the label the rule settles on
+  and the prefix at which it was decided; a conversation never decided gets the top class at
+  its longest prefix and no time. The confidence is the label's probability at that prefix.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from cgloop.analytics import decision
 from cgloop.analytics.datasets import PREFIXES_S, LabelledFlow, prefix_windows
 from cgloop.analytics.dpi import DpiError, DpiFlow, dissect
-from cgloop.analytics.evaluate import DECISION_CONFIDENCE
 from cgloop.analytics.features import conversations, split_directions
 from cgloop.analytics.model import FlowModel
 from cgloop.analytics.records import NS, flow_label, read_capture
@@ -55,15 +56,6 @@ class CaptureReport(BaseModel):
     share: dict[str, float]  # label source → share of conversations
     counters: dict[str, int]  # the pcap twin's (packets, parse failures, …)
     dpi_error: str = ""  # why the signature path was off for this capture
-
-
-def _decision(labels: Sequence[str], conf: np.ndarray, prefixes: Sequence[float]):
-    final = labels[-1]
-    for k in range(len(labels)):
-        sure = bool((conf[k:] >= DECISION_CONFIDENCE).all())
-        if sure and all(lab == final for lab in labels[k:]):
-            return float(prefixes[k])
-    return None
 
 
 def classify_capture(
@@ -113,8 +105,10 @@ def classify_capture(
     for i, k in enumerate(keys):
         recs = convs[k]
         idx = np.where(owner_a == i)[0]
-        labels = [str(classes[j]) for j in proba[idx].argmax(1)]
-        conf = proba[idx].max(1)
+        label, decided_at = decision.decide(proba[idx], pre_a[idx], classes,
+                                            model.decision_threshold_)
+        label = label or str(classes[int(proba[idx[-1]].argmax())])
+        conf = float(proba[idx[-1], list(classes).index(label)])
         down, up = split_directions(recs)
         head = (down or up)[0].five_tuple
         lo = min(r.interval_start_ns for r in recs)
@@ -129,16 +123,14 @@ def classify_capture(
                 platform_source="signature", decision_s=d.decision_s,
             ))
             continue
-        label = labels[-1]
         platform, platform_source = "", ""
         if sig is not None:
             platform, platform_source = sig[1], "signature"
         elif label == "cloud_gaming":
             platform, platform_source = str(plat[idx[-1]]), "behaviour"
         out.append(Conversation(
-            **common, label=label, platform=platform, confidence=round(float(conf[-1]), 3),
-            source="behaviour", platform_source=platform_source,
-            decision_s=_decision(labels, conf, pre_a[idx]),
+            **common, label=label, platform=platform, confidence=round(conf, 3),
+            source="behaviour", platform_source=platform_source, decision_s=decided_at,
         ))
     n = len(out)
     share = {s: sum(1 for c in out if c.source == s) / n for s in ("signature", "behaviour")}

@@ -11,6 +11,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from cgloop.analytics import decision
 from cgloop.analytics.detectors.base import Suppressor, ev, make_detection
 from cgloop.analytics.detectors.l4s import L4sAbuseDetector
 from cgloop.analytics.detectors.overload import QueueOverloadDetector
@@ -31,7 +32,6 @@ from cgloop.v1.detection_pb2 import Detection, DetectionKind, Severity
 from cgloop.v1.flow_pb2 import FlowRecord
 from cgloop.v1.probe_pb2 import ProbeRecord
 
-DECISION_CONFIDENCE = 0.8
 ANOMALY_THRESHOLD = -0.05  # IsolationForest decision function below this is reported
 # A missing sequence number is lost once the source's records are this much further on.
 GAP_LATENESS_NS = 5 * NS
@@ -58,10 +58,10 @@ class EngineConfig:
     window_s: float = 5.0
     check_every_s: float = 0.5
     min_observed_s: float = 0.5
-    # A conversation confidently labelled something other than cloud gaming is re-examined
-    # until it has been seen this long (its first second can look like a video stream); a
-    # cloud-gaming label is final.
-    settle_s: float = 5.0
+    # A conversation decided to be something other than cloud gaming is re-examined until it
+    # has been seen this long (its first second can look like a video stream); a cloud-gaming
+    # label is final. The decision rule itself is decision.py's, with the model's thresholds.
+    settle_s: float = decision.SETTLE_S
     max_flows: int = 50_000
     idle_s: float = 30.0
     anomaly: bool = True  # detections for dashboards; labelled remediation=off
@@ -198,11 +198,11 @@ class AnalyticsEngine:
         for i, k in enumerate(keys):
             conv = uniq[k]
             conv.next_check_ns = conv.last_ns + int(self.cfg.check_every_s * NS)
-            j = int(proba[i].argmax())
             self.classified += 1
             if scores is not None and scores[i] < ANOMALY_THRESHOLD:
                 out.append(self._anomaly(conv, X[i], float(scores[i])))
-            if proba[i, j] < DECISION_CONFIDENCE:
+            j = decision.decided(proba[i], self.model.decision_threshold_)
+            if j is None:
                 continue
             conv.label = str(classes[j])
             if conv.label != "cloud_gaming":
@@ -222,7 +222,8 @@ class AnalyticsEngine:
             out.append(make_detection(
                 DetectionKind.DETECTION_KIND_GAMING_FLOW_CLASSIFIED, Severity.SEVERITY_INFO,
                 float(proba[i, j]),
-                [ev("p_cloud_gaming", proba[i, j], DECISION_CONFIDENCE, 0.0, "probability"),
+                [ev("p_cloud_gaming", proba[i, j], self.model.decision_threshold_[j], 0.0,
+                    "probability"),
                  ev("p_platform", plat_p[i], 0.0, 0.0, "probability"),
                  ev("observed_s", (conv.last_ns - conv.first_ns) / NS, self.cfg.min_observed_s,
                     0.0, "s"),

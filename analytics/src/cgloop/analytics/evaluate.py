@@ -3,8 +3,9 @@
 Evaluation is grouped cross-validation over captures: every capture (an Xbox session, an nDPI
 pcap, a synthetic session) is predicted by a model that never saw any of its flows. Headline
 numbers are computed on REAL captures only; synthetic ones help training and are reported
-apart. Time-to-decision is the shortest prefix of a flow from which the prediction is right
-and confident at every longer prefix.
+apart. Time to decision follows the engine's rule (decision.py): the prefix at which the label
+that stands was decided, each fold's model with the decision thresholds it chose on its own
+training captures; a flow whose standing label is wrong, or that is never decided, never is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from cgloop.analytics import decision
 from cgloop.analytics.datasets import CLASSES, PREFIXES_S, Examples, LabelledFlow
 from cgloop.analytics.features import CLASSIFIER_FEATURES
 from cgloop.analytics.model import (
@@ -36,9 +38,6 @@ from sklearn.metrics import (
 )
 from sklearn.model_selection import GroupKFold
 
-# A decision counts once the top class has at least this probability.
-DECISION_CONFIDENCE = 0.8
-
 
 @dataclass
 class Evaluation:
@@ -49,13 +48,26 @@ class Evaluation:
     flows_real: int
     captures_real: int
     flows_synthetic: int
-    decision_s: dict[str, list[float]]  # per true class, real flows; inf = never confident
+    decision_s: dict[str, list[float]]  # per true class, real flows; inf = never (right)
     platform_accuracy: dict[str, float]
     folds: int
     pr_curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     # per real flow: (name, source, true class, predicted class, time to decision s)
     flows: list[tuple[str, str, str, str, float]] = field(default_factory=list)
+    # per real flow, in `flows` order: the label the decision rule settles on ("": none)
+    decided: list[str] = field(default_factory=list)
+    # the cloud-gaming threshold each fold's model chose on its training captures
+    fold_thresholds: list[float] = field(default_factory=list)
+
+    def decision_alarms(self) -> dict[str, float]:
+        """Real non-gaming flows the decision rule ever decides cloud gaming (the engine's
+        gaming decision is final), GeForce Now set-up flows left out as in game_stream_scores."""
+        rows = [(f, d) for f, d in zip(self.flows, self.decided, strict=True)
+                if "geforcenow" not in f[1] and f[2] != "cloud_gaming"]
+        fp = sum(1 for _, d in rows if d == "cloud_gaming")
+        return {"false_alarms": float(fp), "negatives": float(len(rows)),
+                "per_1000": 1000 * fp / len(rows) if rows else 0.0}
 
     def game_stream_scores(self) -> dict[str, float]:
         """Binary cloud gaming vs rest over real flows, positives being game STREAMS: the
@@ -89,22 +101,19 @@ class Evaluation:
         }
 
 
-def _flow_level(ex: Examples, proba: np.ndarray, classes: np.ndarray):
-    """Per flow: true label, proba at its longest prefix, time to decision."""
+def _flow_level(ex: Examples, proba: np.ndarray, classes: np.ndarray, thresholds: np.ndarray):
+    """Per flow: true label, proba at its longest prefix, time to decision (inf unless the
+    decision rule settles on the true label), synthetic, the label it settles on.
+    `thresholds`: per row, the decision thresholds of the model that predicted it."""
     out = []
     for f in np.unique(ex.flow):
         rows = np.where(ex.flow == f)[0]
         rows = rows[np.argsort(ex.prefix_s[rows])]
         true = ex.y[rows[0]]
-        pred = classes[proba[rows].argmax(1)]
-        conf = proba[rows].max(1)
-        ok = (pred == true) & (conf >= DECISION_CONFIDENCE)
-        decision = float("inf")
-        for k in range(len(rows)):
-            if ok[k:].all():
-                decision = float(ex.prefix_s[rows[k]])
-                break
-        out.append((f, true, proba[rows[-1]], decision, bool(ex.synthetic[rows[0]])))
+        label, at = decision.decide(proba[rows], ex.prefix_s[rows], classes,
+                                    thresholds[rows[0]])
+        ttd = float(at) if label == true and at is not None else float("inf")
+        out.append((f, true, proba[rows[-1]], ttd, bool(ex.synthetic[rows[0]]), label))
     return out
 
 
@@ -123,19 +132,25 @@ def cross_validate(
     n_splits = min(n_splits, len(groups))
     classes = np.array(sorted(set(ex.y)))
     proba = np.zeros((len(ex.y), len(classes)))
+    thresholds = np.ones((len(ex.y), len(classes)))
+    fold_thresholds = []
     plat_pred = np.array([""] * len(ex.y), dtype=object)
     for train, test in GroupKFold(n_splits=n_splits).split(ex.X, ex.y, ex.groups):
         if not train_synthetic:
             train = train[~ex.synthetic[train]]
         clf = estimator()
-        m = FlowModel.fit(ex.X[train], ex.y[train], ex.platform[train], **clf.get_params())
+        m = FlowModel.fit(ex.X[train], ex.y[train], ex.platform[train], groups=ex.groups[train],
+                          flow=ex.flow[train], **clf.get_params())
         p = m.predict_proba(ex.X[test])
         for j, c in enumerate(m.classes_):
-            proba[test, np.searchsorted(classes, c)] = p[:, j]
+            col = np.searchsorted(classes, c)
+            proba[test, col] = p[:, j]
+            thresholds[test, col] = m.decision_threshold_[j]
+        fold_thresholds.append(m.classifier.thresholds().get(decision.GAMING, 1.0))
         plat_pred[test] = m.predict_platform(ex.X[test])[0]
         if progress is not None:
             progress()
-    flows = _flow_level(ex, proba, classes)
+    flows = _flow_level(ex, proba, classes, thresholds)
     real = [f for f in flows if not f[4]]
     y_true = np.array([f[1] for f in real])
     P = np.array([f[2] for f in real])
@@ -154,9 +169,9 @@ def cross_validate(
         j = int(np.searchsorted(classes, c))
         prec, rec, _ = precision_recall_curve(y_true == c, P[:, j])
         pr[c] = (rec.tolist(), prec.tolist())
-    decision: dict[str, list[float]] = {}
+    ttd: dict[str, list[float]] = {}
     for f in real:
-        decision.setdefault(f[1], []).append(f[3])
+        ttd.setdefault(f[1], []).append(f[3])
     # platform accuracy on held-out gaming rows that carry a platform label, at the last prefix
     plat_acc = {}
     last = {}
@@ -173,8 +188,9 @@ def cross_validate(
     for f in flows:
         kind = "synthetic" if f[4] else "real"
         counts.setdefault(f[1], {"real": 0, "synthetic": 0})[kind] += 1
-    per_flow = []
+    per_flow, decided = [], []
     for f in real:
+        decided.append(f[5])
         meta = flows_meta[f[0]] if flows_meta is not None else None
         per_flow.append((
             meta.name if meta else str(f[0]), meta.source if meta else "", str(f[1]),
@@ -182,13 +198,15 @@ def cross_validate(
         ))
     return Evaluation(
         flows=per_flow,
+        decided=decided,
+        fold_thresholds=fold_thresholds,
         classes=present,
         per_class=per_class,
         confusion=confusion_matrix(y_true, y_pred, labels=present).tolist(),
         flows_real=len(real),
         captures_real=len({ex.groups[ex.flow == f[0]][0] for f in real}),
         flows_synthetic=len(flows) - len(real),
-        decision_s=decision,
+        decision_s=ttd,
         platform_accuracy=plat_acc,
         folds=n_splits,
         pr_curves=pr,
@@ -200,7 +218,7 @@ def train(ex: Examples, evaluation: Evaluation | None = None, **params) -> tuple
     FlowModel, ModelCard
 ]:
     """The deployed model on every example; `params` are FlowClassifier's."""
-    model = FlowModel.fit(ex.X, ex.y, ex.platform, **params)
+    model = FlowModel.fit(ex.X, ex.y, ex.platform, groups=ex.groups, flow=ex.flow, **params)
     captures = sorted(set(ex.groups.tolist()))
     synthetic = sorted(set(ex.groups[ex.synthetic].tolist()))
     card = ModelCard(
@@ -216,8 +234,9 @@ def train(ex: Examples, evaluation: Evaluation | None = None, **params) -> tuple
         training_captures=captures,
         synthetic_captures=synthetic,
         # a card holds finite figures only (JSON has no infinity: a never-decided p90 is left out)
-        metrics={k: v for k, v in (evaluation.metrics() if evaluation else {}).items()
-                 if not isinstance(v, float) or np.isfinite(v)},
+        metrics={**{k: v for k, v in (evaluation.metrics() if evaluation else {}).items()
+                    if not isinstance(v, float) or np.isfinite(v)},
+                 "decision_threshold_fit": model.classifier.threshold_fit_},
         records_source=RECORDS_SOURCE,
     )
     return model, card
@@ -285,7 +304,7 @@ def write_report(
         ys = [*ys[: len(xs) - 1], len(finite) / len(t)]
         ax.plot(xs, ys, label=f"{c} (n={len(t)})")
     ax.set_xscale("symlog", linthresh=0.5)
-    ax.set_xlabel(f"seconds of flow until confident (p >= {DECISION_CONFIDENCE}) and right")
+    ax.set_xlabel("seconds of flow until decided right (decision rule, decision.py)")
     ax.set_ylabel("fraction of flows")
     ax.set_title("Time-to-decision CDF (real held-out flows)")
     ax.legend(fontsize=8)
@@ -305,12 +324,14 @@ def write_report(
         "time_to_decision_s": {
             c: {
                 "p50": _pct(ts, 50), "p90": _pct(ts, 90),
-                "never_confident": int(sum(1 for t in ts if not np.isfinite(t))), "n": len(ts),
+                "never_decided_right": int(sum(1 for t in ts if not np.isfinite(t))), "n": len(ts),
             }
             for c, ts in ev.decision_s.items()
         },
         "counts": ev.counts,
         "game_streams": ev.game_stream_scores(),
+        "decision_rule": {"false_alarms": ev.decision_alarms(),
+                          "fold_gaming_thresholds": ev.fold_thresholds},
         "misclassified": [f[:4] for f in ev.flows if f[2] != f[3]],
         "summary": ev.metrics(),
         **(extra_metrics or {}),
@@ -324,7 +345,7 @@ def write_report(
     )
     ttd = "".join(
         f"<tr><td>{c}</td><td>{v['n']}</td><td>{v['p50']}</td><td>{v['p90']}</td>"
-        f"<td>{v['never_confident']}</td></tr>"
+        f"<td>{v['never_decided_right']}</td></tr>"
         for c, v in metrics["time_to_decision_s"].items()
     )
     wrong = "".join(
@@ -358,8 +379,14 @@ random) were used in training folds only and are not counted.</p>
 <th>real flows</th><th>synthetic flows</th></tr>{rows}</table>
 <p>Game streams only (binary cloud gaming vs everything else, GeForce Now set-up flows left
 out): {html.escape(json.dumps({k: round(v, 3) for k, v in ev.game_stream_scores().items()}))}</p>
-<h2>Time to decision (s)</h2><table><tr><th>class</th><th>flows</th><th>p50</th><th>p90</th>
-<th>never confident</th></tr>{ttd}</table>
+<h2>Time to decision (s)</h2><p>The engine's decision rule (decision.py): the top class is
+decided at its threshold, cloud gaming's chosen by each fold's model on its own training
+captures (out-of-fold, at most 1 false gaming decision per 1,000 other training flows):
+{html.escape(", ".join(f"{t:g}" for t in ev.fold_thresholds))}; a gaming decision is final.
+Real non-gaming flows ever decided cloud gaming:
+{html.escape(json.dumps({k: round(v, 3) for k, v in ev.decision_alarms().items()}))}.</p>
+<table><tr><th>class</th><th>flows</th><th>p50</th><th>p90</th>
+<th>never decided right</th></tr>{ttd}</table>
 <p>Platform accuracy on held-out gaming flows: {html.escape(json.dumps(ev.platform_accuracy))}
 (real platforms present: xc from the Xbox dataset, gfn from nDPI's set-up capture only).</p>
 <h2>Read this before trusting the numbers</h2><ul>

@@ -31,16 +31,20 @@ from pathlib import Path
 
 import numpy as np
 import skops.io as sio
+from cgloop.analytics import decision
 from cgloop.analytics.features import CLASSIFIER_FEATURES, FEATURE_NAMES, INDEX
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sklearn.base import BaseEstimator, ClassifierMixin, OutlierMixin
 from sklearn.ensemble import IsolationForest, RandomForestClassifier
+from sklearn.model_selection import GroupKFold
 from sklearn.utils.validation import check_is_fitted
 
 log = logging.getLogger(__name__)
 
 MODEL_FORMAT = "cgloop.flow-classifier"
-FORMAT_VERSION = 1
+# 2: the classifier's fitted decision thresholds are in the file (issue 21); a v1 file has none
+# and is refused, so `make setup` retrains it.
+FORMAT_VERSION = 2
 CARD_MEMBER = "cgloop-card.json"
 KEY_ENV = "CGLOOP_MODEL_KEY"
 KEY_FILE_ENV = "CGLOOP_MODEL_KEY_FILE"
@@ -82,6 +86,9 @@ class ModelCard(BaseModel):
     synthetic_captures: list[str]
     metrics: dict[str, float | dict[str, float]]
     records_source: str = ""  # RECORDS_SOURCE of the build that trained it ("" before it existed)
+    # per class, the probability at which a label is decided (decision.py; a copy of the
+    # classifier's fitted `decision_threshold_`, which the model content holds)
+    decision_thresholds: dict[str, float] = {}
     content_sha256: str = ""
     hmac_sha256: str = ""
 
@@ -109,7 +116,14 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
 
     Takes full feature vectors (features.FEATURE_NAMES order) and uses `features`: by default
     CLASSIFIER_FEATURES, the only set a model file may hold (another set is for the
-    evaluation's ablations). Fitted: `estimator_` (the forest), `classes_`, `n_features_in_`.
+    evaluation's ablations). Fitted: `estimator_` (the forest), `classes_`, `n_features_in_`,
+    `decision_threshold_` (per class, `classes_` order: the probability at which the top class
+    is decided, decision.py) and `threshold_fit_` (what chose the cloud-gaming threshold).
+
+    `fit(X, y, groups=, flow=)` chooses the cloud-gaming threshold on the training data only:
+    out-of-fold predictions of `threshold_folds` grouped folds (by capture `groups`), the
+    lowest threshold keeping the training flows' (`flow`) false gaming decisions within
+    `false_alarm_target`. Without groups it keeps decision.DEFAULT_CONFIDENCE.
     """
 
     def __init__(
@@ -120,6 +134,8 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
         random_state: int = 0,
         n_jobs: int = 1,
         features: tuple[str, ...] | None = None,
+        threshold_folds: int = 3,
+        false_alarm_target: float = decision.FALSE_ALARM_TARGET,
     ) -> None:
         self.n_estimators = n_estimators
         self.max_depth = max_depth
@@ -127,27 +143,58 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.n_jobs = n_jobs
         self.features = features
+        self.threshold_folds = threshold_folds
+        self.false_alarm_target = false_alarm_target
 
-    def fit(self, X, y) -> FlowClassifier:
-        unknown = set(self.features or ()) - set(INDEX)
-        if unknown:
-            raise ValueError(f"unknown features {sorted(unknown)}")
-        Xs = _select(X, self.features)
-        self.estimator_ = RandomForestClassifier(
+    def _forest(self, Xs: np.ndarray, y: np.ndarray) -> RandomForestClassifier:
+        return RandomForestClassifier(
             n_estimators=self.n_estimators,
             max_depth=self.max_depth,
             min_samples_leaf=self.min_samples_leaf,
             class_weight="balanced_subsample",  # gaming flows are a few among thousands
             random_state=self.random_state,
             n_jobs=self.n_jobs,
-        ).fit(Xs, np.asarray(y))
+        ).fit(Xs, y)
+
+    def fit(self, X, y, groups=None, flow=None) -> FlowClassifier:
+        unknown = set(self.features or ()) - set(INDEX)
+        if unknown:
+            raise ValueError(f"unknown features {sorted(unknown)}")
+        if (groups is None) != (flow is None):
+            raise ValueError("the decision threshold needs both groups (captures) and flow ids")
+        Xs, y = _select(X, self.features), np.asarray(y)
+        self.estimator_ = self._forest(Xs, y)
         self.classes_ = self.estimator_.classes_
         self.n_features_in_ = len(FEATURE_NAMES)
+        gaming = decision.DEFAULT_CONFIDENCE
+        self.threshold_fit_: dict[str, float] = {}
+        if groups is not None and decision.GAMING in self.classes_:
+            groups, flow = np.asarray(groups), np.asarray(flow)
+            folds = min(self.threshold_folds, len(np.unique(groups)))
+            if folds >= 2:
+                gaming, self.threshold_fit_ = self._fit_threshold(Xs, y, groups, flow, folds)
+        self.decision_threshold_ = decision.thresholds_for(self.classes_, gaming)
         return self
 
+    def _fit_threshold(self, Xs, y, groups, flow, folds) -> tuple[float, dict[str, float]]:
+        """The cloud-gaming threshold from out-of-fold predictions on the training captures."""
+        proba = np.zeros((len(y), len(self.classes_)))
+        for train, test in GroupKFold(n_splits=folds).split(Xs, y, groups):
+            forest = self._forest(Xs[train], y[train])
+            cols = np.searchsorted(self.classes_, forest.classes_)
+            proba[np.ix_(test, cols)] = forest.predict_proba(Xs[test])
+        scores = decision.alarm_scores(proba, self.classes_, y, flow)
+        t = decision.choose_threshold(scores, self.false_alarm_target)
+        return t, {"threshold": t, "folds": float(folds), "negative_flows": float(len(scores)),
+                   "false_alarms": float((scores >= t).sum()),
+                   "false_alarms_at_default": float(
+                       (scores >= decision.DEFAULT_CONFIDENCE).sum())}
+
     @classmethod
-    def from_forest(cls, forest: RandomForestClassifier) -> FlowClassifier:
-        """A fitted classifier around a forest read from a model file."""
+    def from_forest(cls, forest: RandomForestClassifier,
+                    thresholds: np.ndarray | None = None) -> FlowClassifier:
+        """A fitted classifier around a forest (and its decision thresholds) from a model
+        file."""
         est = cls(
             n_estimators=forest.n_estimators,
             max_depth=forest.max_depth,
@@ -157,7 +204,20 @@ class FlowClassifier(ClassifierMixin, BaseEstimator):
         )
         est.estimator_, est.classes_ = forest, forest.classes_
         est.n_features_in_ = len(FEATURE_NAMES)
+        est.threshold_fit_ = {}
+        if thresholds is None:
+            thresholds = decision.thresholds_for(forest.classes_, decision.DEFAULT_CONFIDENCE)
+        est.decision_threshold_ = np.asarray(thresholds, dtype=np.float64)
+        if est.decision_threshold_.shape != (len(forest.classes_),):
+            raise ValueError(f"{len(est.decision_threshold_)} decision thresholds for "
+                             f"{len(forest.classes_)} classes")
         return est
+
+    def thresholds(self) -> dict[str, float]:
+        """Class → decision threshold."""
+        check_is_fitted(self)
+        return {str(c): float(t) for c, t in zip(self.classes_, self.decision_threshold_,
+                                                  strict=True)}
 
     def predict_proba(self, X) -> np.ndarray:
         check_is_fitted(self)
@@ -218,10 +278,12 @@ class FlowModel:
     anomaly: FlowAnomalyDetector | None = None
 
     @classmethod
-    def fit(cls, X, y, platform=None, **params) -> FlowModel:
-        """Train all three on full feature rows; `params` go to both forests."""
+    def fit(cls, X, y, platform=None, groups=None, flow=None, **params) -> FlowModel:
+        """Train all three on full feature rows; `params` go to both forests; `groups`
+        (captures) and `flow` (flow ids) let the classifier choose its cloud-gaming decision
+        threshold on the training data (FlowClassifier.fit)."""
         y = np.asarray(y)
-        model = cls(FlowClassifier(**params).fit(X, y))
+        model = cls(FlowClassifier(**params).fit(X, y, groups=groups, flow=flow))
         if platform is not None:
             platform = np.asarray(platform)
             mask = (y == "cloud_gaming") & (platform != "")
@@ -240,6 +302,10 @@ class FlowModel:
 
     def predict(self, X) -> np.ndarray:
         return self.classifier.predict(X)
+
+    @property
+    def decision_threshold_(self) -> np.ndarray:
+        return self.classifier.decision_threshold_
 
     def predict_platform(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(platform, probability) for each row, assuming it is cloud gaming."""
@@ -332,7 +398,9 @@ def save(model: FlowModel, card: ModelCard, path: Path | str) -> ModelCard:
     path = Path(path)
     # The file holds the sklearn forests themselves (the allow-listed types), as it always has.
     check_is_fitted(model.classifier)
-    payload = {"forest": model.classifier.estimator_}
+    payload = {"forest": model.classifier.estimator_,
+               "decision_thresholds": np.asarray(model.classifier.decision_threshold_)}
+    card = card.model_copy(update={"decision_thresholds": model.classifier.thresholds()})
     if model.platform is not None:
         payload["platform_forest"] = model.platform.estimator_
     if model.anomaly is not None:
@@ -371,7 +439,7 @@ def read_card(path: Path | str) -> ModelCard:
     if card.format != MODEL_FORMAT or card.format_version != FORMAT_VERSION:
         raise ModelError(
             f"{path}: unknown model format {card.format!r} v{card.format_version} "
-            f"(this build reads {MODEL_FORMAT} v{FORMAT_VERSION})"
+            f"(this build reads {MODEL_FORMAT} v{FORMAT_VERSION}): retrain with `cgloop train`"
         )
     if not hmac.compare_digest(actual, card.content_sha256):
         raise ModelError(f"{path}: content hash mismatch: the model file was modified or corrupted")
@@ -412,8 +480,15 @@ def load(path: Path | str) -> tuple[FlowModel, ModelCard]:
     except Exception as exc:  # skops raises many types on malformed archives
         raise ModelError(f"{path}: cannot load model: {exc}") from exc
     platform, anomaly = payload.get("platform_forest"), payload.get("anomaly")
+    if "decision_thresholds" not in payload:
+        raise ModelError(f"{path}: no decision thresholds in the model: retrain with "
+                         "`cgloop train`")
+    try:
+        classifier = FlowClassifier.from_forest(payload["forest"], payload["decision_thresholds"])
+    except ValueError as exc:
+        raise ModelError(f"{path}: {exc}") from exc
     model = FlowModel(
-        FlowClassifier.from_forest(payload["forest"]),
+        classifier,
         None if platform is None else PlatformClassifier.from_forest(platform),
         None if anomaly is None else FlowAnomalyDetector.from_forest(anomaly),
     )
