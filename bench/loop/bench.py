@@ -48,7 +48,7 @@ from cgloop.lab.scenario import Scenario
 from cgloop.lab.topology import load_topology
 from cgloop.loop.closed_loop import ClosedLoop, LoopOptions
 from cgloop.loop.cost import AgentCost, CostMeter
-from cgloop.loop.edge import DPI_CORE
+from cgloop.loop.edge import DPI_CORE, DPI_RT_PRIORITY
 from cgloop.loop.report import FaultOutcome, build_report
 from cgloop.loop.services import exit_on_sigterm
 from cgloop.stack.stack import Stack
@@ -65,8 +65,11 @@ QUEUE_FAULTS = [
 CORES = sorted(os.sched_getaffinity(0))
 # The other levers' faults (issue 20), each with the engine's lever it needs
 LEVER_FAULTS = [
-    {"kind": "cpu_hog", "node": "edge1", "cores": [DPI_CORE]},  # function_overload
-    {"kind": "cpu_hog", "node": "edge2", "cores": CORES, "processes": len(CORES)},  # node
+    # function_overload: SCHED_FIFO above edge1's dpi worker, on its core (it starves)
+    {"kind": "cpu_hog", "node": "edge1", "cores": [DPI_CORE],
+     "realtime_priority": DPI_RT_PRIORITY + 10},
+    # node_overload: edge2's first core busy, below its worker's priority (still served)
+    {"kind": "cpu_hog", "node": "edge2", "cores": CORES[:1], "realtime_priority": 1},
     {"kind": "core_congestion", "flows": 4, "dst": "edge1"},  # INT → ONOS + core agent
 ]
 FAULT_SETS = {"queues": QUEUE_FAULTS, "all": QUEUE_FAULTS + LEVER_FAULTS}

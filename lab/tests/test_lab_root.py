@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 import psutil  # noqa: E402
-from cgloop.lab import procs  # noqa: E402
+from cgloop.lab import cgroups, procs  # noqa: E402
 from cgloop.lab.faults import ActiveFault, CpuHog  # noqa: E402
 from cgloop.lab.lab import Lab  # noqa: E402
 from cgloop.lab.scenario import Runner, Scenario  # noqa: E402
@@ -106,7 +106,7 @@ def test_shipped_v2_lab_up_is_idempotent_cpu_hogs_are_pinned_and_down_leaves_not
     core_no = max(os.sched_getaffinity(0))
     hog = ActiveFault(
         lab,
-        CpuHog(at=0, duration=1, node="edge1", cores=[core_no], processes=2),
+        CpuHog(at=0, duration=1, node="edge1", cores=[core_no], processes=2, nice=-5),
         "cpu_hog0",
         tmp_path,
     )
@@ -133,6 +133,12 @@ def test_shipped_v2_lab_up_is_idempotent_cpu_hogs_are_pinned_and_down_leaves_not
         pids = hog.detail["pids"]
         assert len(pids) == 2 and hog.detail["affinity"] == [[core_no], [core_no]]
         assert all(procs.netns_inode(lab.ns("edge1")) == _netns_of(pid) for pid in pids)
+        assert hog.detail["nice"] == [-5, -5] and hog.detail["scheduler"] == ["other", "other"]
+        # In edge1's cgroup, what edge1's agent reads its CPU share from (none without cgroup2).
+        edge1_cgroup = lab.cgroup("edge1")
+        if cgroups.mount() is not None:
+            assert edge1_cgroup is not None and hog.detail["cgroup"] == str(edge1_cgroup)
+            assert all(_cgroup_of(pid) == edge1_cgroup for pid in pids)
         time.sleep(0.5)
         busy = [psutil.Process(pid).cpu_times() for pid in pids]
         assert sum(t.user + t.system for t in busy) > 0.1  # they really burn CPU
@@ -147,18 +153,24 @@ def test_shipped_v2_lab_up_is_idempotent_cpu_hogs_are_pinned_and_down_leaves_not
     stray.wait(5)
     _assert_gone(lab, recorded_pids)
     assert lab.down() == []  # a second down is harmless
+    lab_cgroups = cgroups.lab_dir(lab.name)
+    assert lab_cgroups is None or not lab_cgroups.exists(), "down removes the lab's cgroups"
 
 
 def test_a_cpu_hog_fault_stops_its_processes_when_reverted(tmp_path):
     lab = _make_lab(tmp_path, "h")
     hog = ActiveFault(
-        lab, CpuHog(at=0, duration=1, node="edge2", cores=[0], processes=1), "cpu_hog0", tmp_path
+        lab,
+        CpuHog(at=0, duration=1, node="edge2", cores=[0], processes=1, realtime_priority=1),
+        "cpu_hog0",
+        tmp_path,
     )
     try:
         lab.up()
         hog.apply()
         (pid,) = hog.detail["pids"]
         assert os.sched_getaffinity(pid) == {0}
+        assert os.sched_getscheduler(pid) == os.SCHED_FIFO and hog.detail["scheduler"] == ["fifo"]
         time.sleep(0.3)
         hog.revert()
         assert not procs.alive(pid, None)
@@ -167,6 +179,15 @@ def test_a_cpu_hog_fault_stops_its_processes_when_reverted(tmp_path):
     finally:
         lab.down()
     _assert_gone(lab, [])
+
+
+def _cgroup_of(pid: int) -> Path | None:
+    """The process's cgroup v2 directory (the `0::` line of /proc/PID/cgroup)."""
+    root = cgroups.mount()
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::") and root is not None:
+            return root / line[3:].lstrip("/")
+    return None
 
 
 def _netns_of(pid: int) -> tuple[int, int]:

@@ -3,6 +3,7 @@ how a scenario becomes trials, and how recovery is read from the ground truth.""
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from cgloop.loop.closed_loop import (
 from cgloop.loop.core import CorePlan, core_agent_toml
 from cgloop.loop.edge import (
     DEFAULT_CLASS,
+    DPI_RT_PRIORITY,
     EF_DSCP,
     GAMING_CLASS,
     L4S_CLASS,
@@ -74,6 +76,15 @@ def test_one_plan_per_edge_and_the_core() -> None:
         "sample_every": 32,
     }
     assert toml["bounds"]["interfaces"] == ["edge1", "edge2"]
+    # every lab node shares the VM's cores: each agent reads its node's cgroup, when it has one
+    assert "cpu_accounting" not in toml
+    core.cgroup = Path("/sys/fs/cgroup/cgloop-lab/core")
+    toml = tomllib.loads(core_agent_toml(core, "/j.pb", "127.0.0.1:9092"))
+    assert toml["cpu_accounting"] == {"cgroup": "/sys/fs/cgroup/cgloop-lab/core"}
+    plans[0].cgroup = Path("/sys/fs/cgroup/cgloop-lab/edge1")
+    edge = tomllib.loads(agent_toml(plans[0], "/j.pb", ""))
+    assert edge["cpu_accounting"] == {"cgroup": "/sys/fs/cgroup/cgloop-lab/edge1"}
+    plans[0].cgroup = None
     # the analytics name INT's switch 1 and its egress ports (ifindexes) as the lab does
     core.int_ports = {7: "edge1", 9: "edge2"}
     assert core.analytics_args() == [
@@ -241,9 +252,19 @@ def test_the_scenario_has_a_fault_for_every_lever() -> None:
     sc = load_scenario(default_scenario())
     kinds = [f.kind for f in sc.faults]
     assert {"congestion", "ect1_abuse", "core_congestion"} <= set(kinds)
-    hogs = [f for f in sc.faults if f.kind == "cpu_hog"]
-    # a function's core (function_overload) and a whole node (node_overload)
-    assert any(len(h.cores) == 1 for h in hogs) and any(len(h.cores) > 1 for h in hogs)
+    hogs = {f.node: f for f in sc.faults if f.kind == "cpu_hog"}
+    plans = {p.node: p for p in edge_plans(load_topology(), sc)}
+    # function_overload: a SCHED_FIFO hog above edge1's dpi worker, on its core (it starves)
+    f = hogs["edge1"]
+    assert f.cores == [plans["edge1"].dpi_core] and f.realtime_priority > DPI_RT_PRIORITY
+    # node_overload: edge2's core busy, below its worker (edge2's chain is still served), and
+    # not the core of edge1's worker (each edge's fault stays its own)
+    n = hogs["edge2"]
+    assert 0 < n.realtime_priority < DPI_RT_PRIORITY
+    assert plans["edge1"].dpi_core not in n.cores
+    # each edge's worker on a core of its own (two or more cores)
+    if (os.cpu_count() or 1) > 1:
+        assert plans["edge1"].dpi_core != plans["edge2"].dpi_core
 
 
 def _packets(delays_ms: list[float], every_ms: float = 10.0, t0: int = 0) -> Packets:

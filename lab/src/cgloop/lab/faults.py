@@ -76,13 +76,21 @@ HOG_ARGV = ["/bin/sh", "-c", "while :; do :; done"]
 
 
 class CpuHog(_Fault):
-    """`processes` busy processes in `node`'s namespace, each pinned to `cores` (a node near
-    its capacity, or the core of a chain function's worker saturated)."""
+    """`processes` busy processes in `node`'s namespace (and cgroup), each pinned to `cores` (a
+    node near its capacity, or the core of a chain function's worker saturated).
+
+    Every lab node shares the machine's cores with a loaded lab, where a hog at the default
+    priority gets only its fair share of a core; `nice` (down to -20) makes it take most of
+    its cores, `realtime_priority` (SCHED_FIFO 1..99) all of them but what the kernel's RT
+    throttling leaves (sched_rt_runtime_us): what it takes to starve a SCHED_FIFO worker of
+    lower priority, such as a chain's AF_XDP worker (the node agent's advanced_rt_priority)."""
 
     kind: Literal["cpu_hog"] = "cpu_hog"
     node: str
     cores: list[int] = Field(min_length=1, max_length=256)
     processes: int = Field(1, ge=1, le=64)
+    nice: int = Field(0, ge=-20, le=19)
+    realtime_priority: int = Field(0, ge=0, le=99)
 
     @model_validator(mode="after")
     def _cores(self) -> CpuHog:
@@ -199,14 +207,26 @@ class ActiveFault:
 
     def _start_hogs(self, spec: CpuHog) -> None:
         for k in range(spec.processes):
-            self._hogs.append(
-                self.lab.spawn(spec.node, HOG_ARGV, role=f"{self.ident}:hog{k}", cpus=spec.cores)
-            )
-        # What the kernel says, not what was asked: the cores each hog may run on.
+            p = self.lab.spawn(spec.node, HOG_ARGV, role=f"{self.ident}:hog{k}", cpus=spec.cores)
+            self._hogs.append(p)
+            if spec.realtime_priority:
+                os.sched_setscheduler(
+                    p.pid, os.SCHED_FIFO, os.sched_param(spec.realtime_priority)
+                )
+            elif spec.nice:
+                os.setpriority(os.PRIO_PROCESS, p.pid, spec.nice)
+        # What the kernel says, not what was asked: the cores each hog may run on, its
+        # scheduling class and nice value, and the cgroup it runs in.
         self.detail = {
             "node": spec.node,
             "pids": [p.pid for p in self._hogs],
             "affinity": [sorted(os.sched_getaffinity(p.pid)) for p in self._hogs],
+            "scheduler": [
+                "fifo" if os.sched_getscheduler(p.pid) == os.SCHED_FIFO else "other"
+                for p in self._hogs
+            ],
+            "nice": [os.getpriority(os.PRIO_PROCESS, p.pid) for p in self._hogs],
+            "cgroup": str(self.lab.cgroup(spec.node) or ""),
         }
 
     def _stop_hogs(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cgloop.lab import procs
+from cgloop.lab import cgroups, procs
 from cgloop.lab.state import LabState, ProcRecord, StateStore, default_state_dir
 from cgloop.lab.topology import Link, Role, Topology
 from pydantic import BaseModel
@@ -132,6 +132,13 @@ class Lab:
             assert b is not None
             self._ensure_shaper(link.a, link.b, b.down_mbit, b.limit_packets)
             self._ensure_shaper(link.b, link.a, b.up_mbit, b.limit_packets)
+        cgroups.ensure(self.name, [n.name for n in self.topo.nodes])
+
+    def cgroup(self, node: str) -> Path | None:
+        """The cgroup v2 directory `node`'s processes start in (cgloop.lab.cgroups), None when
+        the machine has none for the lab."""
+        d = cgroups.lab_dir(self.name)
+        return d / node if d is not None and (d / node).is_dir() else None
 
     def _ensure_link(self, link: Link) -> None:
         ns_a, ns_b = self.ns(link.a), self.ns(link.b)
@@ -225,7 +232,7 @@ class Lab:
     ):
         """Start a process in `node`'s namespace and record it in the state file; with `cpus`,
         pinned to those cores."""
-        proc = procs.spawn(self.ns(node), argv, log=log, cpus=cpus)
+        proc = procs.spawn(self.ns(node), argv, log=log, cpus=cpus, cgroup=self.cgroup(node))
         with self.store.edit(self.topo) as state:
             state.processes.append(
                 ProcRecord(
@@ -259,6 +266,7 @@ class Lab:
             if ns in existing:
                 netns.remove(ns)
                 removed.append(ns)
+        cgroups.remove(self.name)
         self.store.remove()
         return removed
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+from cgloop.lab import cgroups
 
 NETNS_RUN_DIR = Path("/var/run/netns")
 _CLONE_NEWNET = 0x40000000
@@ -78,14 +79,17 @@ def spawn(
     log: Path | None = None,
     env: dict[str, str] | None = None,
     cpus: Sequence[int] | None = None,
+    cgroup: Path | None = None,
 ) -> subprocess.Popen:
     """Start `argv` inside namespace `netns`, in its own session; stdout+stderr go to `log`.
     With `cpus`, the process (and what it forks) may run only on those cores
-    (sched_setaffinity before exec)."""
+    (sched_setaffinity before exec); with `cgroup`, it starts in that cgroup v2 directory."""
     fd = os.open(netns_path(netns), os.O_RDONLY)
     affinity = set(cpus) if cpus is not None else None
 
     def enter() -> None:
+        if cgroup is not None:
+            cgroups.join(cgroup)
         enter_netns(fd, f"namespace {netns}")
         if affinity is not None:
             os.sched_setaffinity(0, affinity)

@@ -409,6 +409,7 @@ class ClosedLoop:
             # this VM has no cpufreq: the agent's power module writes an emulated tree
             tree = write_sysfs(self.run_dir / "sysfs" / p.node)
             p.cpufreq_root, p.cpuidle_root = tree.cpufreq_root, tree.cpuidle_root
+            p.cgroup = self.lab.cgroup(p.node)  # its share of the shared cores
         p.pin_dir = self.nodes[p.node].pin_dir  # X-MAN reads the probe's function counters
         agent = self._start_agent(p.node, agent_toml(
             p, str(self.run_dir / f"agent-journal-{p.node}.pb"), self.settings.bootstrap_servers,
@@ -447,6 +448,8 @@ class ClosedLoop:
     def _start_core(self, c: CorePlan, say) -> None:
         s = self.services
         journal = str(self.run_dir / f"agent-journal-{c.node}.pb")
+        if self.lab is not None:
+            c.cgroup = self.lab.cgroup(c.node)
         agent = self._start_agent(c.node, core_agent_toml(
             c, journal, self.settings.bootstrap_servers))
         s.wait_for(agent, s.log_says(agent, "listening on"), 30)

@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cgloop.lab.topology import Role, Topology
-from cgloop.loop.edge import DEFAULT_CLASS, GAMING_CLASS, LINK_CLASS, home_routers
+from cgloop.loop.edge import (
+    DEFAULT_CLASS,
+    GAMING_CLASS,
+    LINK_CLASS,
+    cpu_accounting_toml,
+    home_routers,
+)
 from cgloop.v1 import node_agent_pb2 as na
 
 # The collector's default listener (docs/int-collector.md), in the core's namespace.
@@ -40,6 +47,8 @@ class CorePlan:
     # {ifindex: interface} of the INT-reported interfaces in the core's namespace (postcards
     # name an egress port by its ifindex); read from the lab once it is up
     int_ports: dict[int, str] = field(default_factory=dict)
+    # the lab's cgroup of the core node (cgloop.loop.edge.cpu_accounting_toml)
+    cgroup: Path | None = None
 
     def analytics_args(self) -> list[str]:
         """The analytics worker's map from INT ids to lab names: switch 1 is this node, and
@@ -124,6 +133,7 @@ def core_agent_toml(plan: CorePlan, journal: str, kafka_bootstrap: str) -> str:
         f"node_id = {INT_NODE_ID}",
         f"interfaces = [{', '.join(q(i) for i in plan.edges)}]",
         f"sample_every = {INT_SAMPLE_EVERY}",
+        *cpu_accounting_toml(plan.cgroup),
     ]
     return "\n".join([*lines, ""])
 

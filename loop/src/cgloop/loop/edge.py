@@ -39,9 +39,22 @@ GAMING_CLASS = 0x00010020  # cloud gaming: served first, up to the link
 DEMOTED_CLASS = 0x00010030  # flows demoted by policy (L4S abusers): served last
 L4S_CLASS = 0x00010040  # low latency (L4S): ECT(1)/CE packets, RFC 9957 queue protection
 EF_DSCP = 46
-# The core the gaming chain's user-space function (dpi, AF_XDP) is pinned to: the scenario's
-# function-overload fault hogs it (loop/src/cgloop/loop/data/scenario.yaml).
-DPI_CORE = 1 if (os.cpu_count() or 1) > 1 else 0
+
+
+def dpi_core(index: int) -> int:
+    """The core the gaming chain's user-space function (dpi, AF_XDP) of the `index`-th edge is
+    pinned to: the edges take the VM's cores in turn from core 1 (edge1 on 1, edge2 on 0 with
+    two cores), so a hog on one edge's dpi core starves no other edge's worker. Core 0 is "not
+    pinned" in the contract: the worker runs where the scheduler puts it."""
+    return (index + 1) % (os.cpu_count() or 1)
+
+
+# edge1's dpi core: the scenario's function-overload fault hogs it
+# (loop/src/cgloop/loop/data/scenario.yaml).
+DPI_CORE = dpi_core(0)
+# SCHED_FIFO priority of the edges' AF_XDP workers (the agent's advanced_rt_priority): above
+# the lab's ordinary load, below the function-overload fault's hog (which must starve it).
+DPI_RT_PRIORITY = 10
 # The agent's queue monitor: a tick every millisecond, none acted on once 5 ms old.
 QUEUE_SAMPLE_US = 1000
 QUEUE_STALE_US = 5000
@@ -71,6 +84,11 @@ class EdgePlan:
     # Where this edge's flow probe pins its maps: X-MAN reads the per-function counters there
     # (`fn_stats`, `if_fn`); None: the agent's default (/sys/fs/bpf/cgloop).
     pin_dir: Path | None = None
+    # the lab's cgroup of this node (cgloop.lab.cgroups): what its agent reads its CPU share
+    # from; None on real interfaces (the agent reads the machine's /proc/stat)
+    cgroup: Path | None = None
+    # the core its gaming chain's dpi worker is pinned to (dpi_core)
+    dpi_core: int = DPI_CORE
 
     @classmethod
     def from_lab(cls, topo: Topology, scenario: Scenario) -> EdgePlan:
@@ -94,7 +112,7 @@ class EdgePlan:
                 na.ChainFunction(mark=na.Mark(dscp=EF_DSCP)),
                 na.ChainFunction(rate_limit=na.RateLimit(rate_bps=bps, burst_bytes=256 * 1024)),
                 na.ChainFunction(dpi=na.Dpi(depth=64, hex="00", mark_dscp=EF_DSCP),
-                                 core=DPI_CORE, instances=1),
+                                 core=self.dpi_core, instances=1),
             ],
         )
 
@@ -193,6 +211,7 @@ def edge_plans(topo: Topology, scenario: Scenario) -> list[EdgePlan]:
             interfaces=sorted(topo.neighbours(edge)),
             link_mbit=mbit,
             targets=[ProbeTarget(c, topo.address(c)) for c in clients],
+            dpi_core=dpi_core(len(plans)),
         ))
     return plans
 
@@ -212,6 +231,7 @@ def agent_toml(
         f"node_id = {q(plan.node)}",
         f"journal_path = {q(journal)}",
         f"kafka_bootstrap = {q(kafka_bootstrap)}",
+        f"advanced_rt_priority = {DPI_RT_PRIORITY}",
         "[bounds]",
         f"interfaces = [{q(plan.bottleneck)}]",
         "[queues]",
@@ -245,8 +265,15 @@ def agent_toml(
         # 100 ms, so the abuser's time to its first sanction is known within 20 ms
         "audit_interval_ms = 20",
         *power_toml(plan.cpufreq_root, plan.cpuidle_root, plan.pin_dir),
+        *cpu_accounting_toml(plan.cgroup),
         "",
     ])
+
+
+def cpu_accounting_toml(cgroup: Path | None) -> list[str]:
+    """The agent's `[cpu_accounting]`: in the lab every node shares the VM's cores, so each
+    agent reads its node's cgroup (its share of every core), not the machine's /proc/stat."""
+    return ["[cpu_accounting]", f"cgroup = {json.dumps(str(cgroup))}"] if cgroup else []
 
 
 def power_toml(
