@@ -21,6 +21,8 @@ from rich.table import Table
 console = Console()
 err = Console(stderr=True)
 
+DEFAULT_SOURCE_ID = "policy-engine"
+
 PathsArg = Annotated[
     list[Path] | None,
     typer.Argument(help="policy files or folders; default: the shipped policies"),
@@ -85,7 +87,9 @@ def run(
     budget_window: Annotated[float, typer.Option(help="budget window, seconds")] = 60.0,
     verify: Annotated[bool, typer.Option(help="read probes/flows topics to verify")] = True,
     group: Annotated[str, typer.Option(help="Kafka consumer group")] = "cgloop-policy-engine",
-    source_id: Annotated[str, typer.Option(help="source id on action records")] = "policy-engine",
+    source_id: Annotated[
+        str, typer.Option(help="source id on action records")
+    ] = DEFAULT_SOURCE_ID,
     agent_tls_dir: Annotated[
         Path | None,
         typer.Option(help="mutual TLS to the node agents: ca.pem, client.pem, client.key"),
@@ -113,6 +117,25 @@ def run(
             "[bounds] max_function_instances)",
         ),
     ] = 4,
+    standby: Annotated[
+        bool,
+        typer.Option(
+            help="run as one of several engines of the --group, of which one decides at a "
+            "time (a lease through Kafka's group protocol: group GROUP.leader); the others "
+            "mirror its actions into their journals and take over when it stops or dies. "
+            "Each engine needs its own --source-id and journal",
+        ),
+    ] = False,
+    lease_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            max=300.0,
+            help="with --standby: seconds without a heartbeat after which the group deposes a "
+            "leader and a standby takes over (Kafka's session.timeout.ms; the broker's "
+            "group.min.session.timeout.ms, 6 s by default, bounds it from below)",
+        ),
+    ] = 10.0,
 ) -> None:
     """Run the engine: detections from Kafka in, actions to the node agents and Kafka out.
 
@@ -130,6 +153,13 @@ def run(
 
     logs.setup()
     addr = metrics.parse_addr(metrics_addr, Daemon.DAEMON_POLICY_ENGINE)  # bad: stop here
+    if standby and source_id == DEFAULT_SOURCE_ID:
+        err.print(
+            "[red]error[/red] --standby: give each engine of the group its own --source-id "
+            f"(not the default {DEFAULT_SOURCE_ID!r}): an engine adopts the actions of the "
+            "other sources"
+        )
+        raise typer.Exit(2)
     policies = _load(paths)
     agents = {}
     for item in agent or []:
@@ -158,18 +188,23 @@ def run(
     feed = KafkaTelemetryFeed(
         settings.bootstrap_servers, store, metrics=engine_metrics, nodes=nodes
     ).start()
-    engine = Engine(
-        policies,
-        Router(node_agents),
-        telemetry=store,
-        journal=Journal(journal or state / "journal.jsonl"),
-        budget=Budget(budget, budget_window),
-        source_id=source_id,
-        apply_async=True,  # the service loop keeps deciding while agents answer
-        nodes=nodes,
-        overload_margin=overload_margin,
-        max_instances=max_instances,
-    )
+    journal_file = Journal(journal or state / "journal.jsonl")
+
+    def make_engine() -> Engine:
+        return Engine(
+            policies,
+            Router(node_agents),
+            telemetry=store,
+            journal=journal_file,
+            budget=Budget(budget, budget_window),
+            source_id=source_id,
+            apply_async=True,  # the service loop keeps deciding while agents answer
+            nodes=nodes,
+            overload_margin=overload_margin,
+            max_instances=max_instances,
+        )
+
+    engines: list[Engine] = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -177,24 +212,47 @@ def run(
     console.print(
         f"policy engine: {len(policies)} policies, {len(agents)} node agents, "
         f"Kafka {settings.bootstrap_servers}"
+        + (f", standby group {group} as {source_id}" if standby else "")
     )
     try:
-        service.run(
-            engine,
-            settings.bootstrap_servers,
-            stop,
-            group,
-            state / "approvals",
-            node_facts=node_facts,
-            metrics=engine_metrics,
-        )
+        if standby:
+            from cgloop.policy import standby as standby_group
+
+            standby_group.run(
+                make_engine,
+                journal_file,
+                policies,
+                settings.bootstrap_servers,
+                stop,
+                group,
+                source_id,
+                session_timeout_s=lease_timeout,
+                on_lead=engines.append,
+                approvals=state / "approvals",
+                node_facts=node_facts,
+                metrics=engine_metrics,
+            )
+        else:
+            engines.append(make_engine())
+            service.run(
+                engines[0],
+                settings.bootstrap_servers,
+                stop,
+                group,
+                state / "approvals",
+                node_facts=node_facts,
+                metrics=engine_metrics,
+            )
     finally:
         if server is not None:
             server.close()
         if feed is not None:
             feed.stop()
-        engine.journal.close()
-        console.print(f"stopped: {engine.stats} {engine.facts.stats}")
+        journal_file.close()
+        for engine in engines[-1:]:
+            console.print(f"stopped: {engine.stats} {engine.facts.stats}")
+        if standby:
+            console.print(f"stopped: led {len(engines)} times")
 
 
 def pending(journal: Annotated[Path | None, typer.Option()] = None) -> None:

@@ -735,10 +735,18 @@ class Engine:
         """Rebuild guard state and finish what a previous run left open."""
         for action_id in self.journal.order:
             entry = self.journal.entries[action_id]
-            # Only the engine's own headers count (a node's records have their own sequence).
+            # The engine's own headers count, and those of another engine of a standby group
+            # whose actions this journal adopted (cgloop.policy.standby): this engine's events
+            # continue above them, so a delivery mark on an action (one sequence for all its
+            # events) never hides a later event of this engine. A node's records have their own
+            # sequence and do not count.
             headers = [entry.action.header, *([entry.result.header] if entry.result else [])]
+            node = node_facts.is_node_record(entry.action)
             self._sequence = max(
-                [self._sequence, *(h.sequence for h in headers if h.source_id == self.source_id)]
+                [
+                    self._sequence,
+                    *(h.sequence for h in headers if h.source_id == self.source_id or not node),
+                ]
             )
             p = self.by_id.get(entry.action.policy_id)
             self._resume_fact(entry)

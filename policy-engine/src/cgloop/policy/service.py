@@ -30,6 +30,7 @@ from cgloop.bus.kafka import BatchConsumer, BatchProducer
 from cgloop.contracts.ops import Daemon
 from cgloop.metrics import PipelineMetrics, histogram
 from cgloop.policy.engine import Engine, events_by_key
+from cgloop.policy.standby import Lease
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 
@@ -127,7 +128,8 @@ def run(
     max_messages: int = 64,
     node_facts: bool = True,
     metrics: EngineMetrics | None = None,
-) -> None:
+    lease: Lease | None = None,
+) -> bool:
     """Consume detections until `stop`, pipelined: decisions never wait for the disk.
 
     Each round takes what is waiting, decides (`handle(wait=False)`: the journal's writer
@@ -139,11 +141,22 @@ def run(
     redelivers only batches the journal may not know (it skips the ones it does); a decision
     taken but not yet applied is re-applied by the journal's resume, and an event never
     acknowledged by Kafka is republished.
+
+    With a `lease` (cgloop.policy.standby: one of several engines), every round first asks
+    `lease.hold()`; the first round it says no, the engine stops as a crash would: nothing of
+    the round is decided, no offset is committed, nothing more is published or flushed, and
+    the consumer leaves the group. Returns True when `stop` ended the run, False when the
+    lease was lost.
     """
     inputs = [DETECTIONS, ACTIONS] if node_facts else [DETECTIONS]
     metrics = metrics or EngineMetrics()
     consumer = BatchConsumer(
-        bootstrap, group_id, inputs, source_id=engine.source_id, metrics=metrics
+        bootstrap,
+        group_id,
+        inputs,
+        source_id=engine.source_id,
+        metrics=metrics,
+        **(lease.group_config() if lease is not None else {}),
     )
     producer = BatchProducer(bootstrap, client_id=engine.source_id, metrics=metrics)
     # Rounds decided but not committed yet: (journal sequence after the round, last message
@@ -176,9 +189,13 @@ def run(
             unsent = []
             metrics.published(events)
 
+    lost = False
     try:
         # Whatever resuming from the journal produced, starting with the events of the
         # previous run that Kafka never acknowledged.
+        if lease is not None and not lease.hold():
+            lost = True
+            return False
         announce(engine.drain())
         while not stop.is_set():
             # Take what is waiting (up to max_messages): one decision round, one flush.
@@ -196,6 +213,11 @@ def run(
                 last[(msg.topic(), msg.partition())] = msg
                 taken += 1
                 item = consumer.poll(0.001) if taken < max_messages else None
+            if lease is not None and not lease.hold():
+                # Deposed (or unconfirmed): decide, verify and publish nothing more; the
+                # round's detections stay uncommitted for the next leader.
+                lost = True
+                return False
             durable = engine.journal.durable_seq
             # handle() returns the events whose rows are durable already (read just before).
             events = engine.handle(combined, wait=False) if taken else []  # also observed
@@ -211,6 +233,8 @@ def run(
         engine.finish_applies()
         announce(engine.drain())
         commit(engine.journal.durable_seq, asynchronous=False)
+        return True
     finally:
         consumer.close()
-        producer.flush()
+        if not lost:
+            producer.flush()
