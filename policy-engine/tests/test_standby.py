@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cgloop.bus.topics import topic
 from cgloop.policy import model
 from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
 from cgloop.policy.journal import Journal
-from cgloop.policy.standby import adopt
+from cgloop.policy.standby import LEASE_TOPIC, adopt
 from cgloop.policy.telemetry import WindowStore
 from cgloop.policy.testing import (
     AgentServer,
@@ -191,3 +192,9 @@ def _action_id(e: apb.ActionEvent) -> str:
 def _sequence(e: apb.ActionEvent) -> int:
     header = e.action.header if e.WhichOneof("event") == "action" else e.result.header
     return header.sequence
+
+
+def test_the_lease_topic_has_one_partition() -> None:
+    # With one partition the cooperative-sticky assignor never moves the lease from a live
+    # leader when a standby joins (docs/scale.md, "A standby policy engine").
+    assert topic(LEASE_TOPIC).partitions == 1

@@ -1,23 +1,27 @@
 """Two `cgloop policy run --standby` engines on the real broker: one decides; the leader is
-killed (SIGKILL: no commit, no flush, no goodbye to the group) while detections flow; the
-standby takes over after the group's session timeout and every detection gets exactly one
-action, applied once at the agent (an in-memory NodeAgentService over real gRPC, shared by
-both engines), none lost, none decided by two leaders at once."""
+killed (SIGKILL: no commit, no flush, no goodbye to the group), or paused (SIGSTOP) past its
+lease, while detections flow; the standby takes over after the group's session timeout and
+every detection gets exactly one action, applied once at the agent (an in-memory
+NodeAgentService over real gRPC, shared by both engines), none lost, none decided by two
+leaders at once."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
 from cgloop.bus.topics import ACTIONS, DETECTIONS
-from cgloop.policy.journal import Journal
+from cgloop.policy.journal import FINAL, Journal
 from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, flow
 from cgloop.testing import cgloop_cmd
 from cgloop.v1 import action_pb2 as apb
@@ -72,125 +76,232 @@ class Bus:
                     self.results.append(ev.result)
 
 
-def test_standby_takes_over_from_a_killed_leader(stack_settings, tmp_path: Path) -> None:
-    bootstrap = stack_settings.bootstrap_servers
-    ensure_topics(bootstrap)
-    run = uuid.uuid4().hex[:10]
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(_policy(run))
-    group = f"policy-{run}"
-    labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
-    producer = BatchProducer(bootstrap)
-    bus = Bus(bootstrap, run)
-    procs: dict[str, subprocess.Popen] = {}
-    logs: dict[str, Path] = {}
-    sent: list[dpb.Detection] = []
+class Scenario:
+    """Two engines of one standby group, detections, the bus and the agent they share."""
 
-    def send_one() -> None:
-        det = detection(time.time_ns(), labels=labels, flow=flow(port=40000 + len(sent)))
-        sent.append(det)
-        producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=det.id)
-        producer.flush()
+    def __init__(self, settings, tmp_path: Path, agent: AgentServer) -> None:
+        self.bootstrap = settings.bootstrap_servers
+        ensure_topics(self.bootstrap)
+        self.run = run = uuid.uuid4().hex[:10]
+        self.tmp = tmp_path
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(_policy(run))
+        self.labels = {"node_id": "node-a", "interface": "veth0", "platform": "GFN", "run": run}
+        self.producer = BatchProducer(self.bootstrap)
+        self.bus = Bus(self.bootstrap, run)
+        self.agent = agent
+        self.sent: list[dpb.Detection] = []
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        for name in ("a", "b"):
+            source = f"engine-{name}-{run}"
+            self.logs[source] = tmp_path / f"{name}.log"
+            env = {
+                **os.environ,
+                "CGLOOP_KAFKA_BOOTSTRAP": self.bootstrap,
+                "CGLOOP_STATE_DIR": str(tmp_path / f"state-{name}"),
+                **settings.kafka_security().env(),
+            }
+            self.procs[source] = subprocess.Popen(
+                cgloop_cmd(
+                    "policy", "run", str(policy), "--agent", f"node-a={agent.address}",
+                    "--journal", str(tmp_path / f"{name}.jsonl"), "--group", f"policy-{run}",
+                    "--source-id", source, "--standby", "--lease-timeout", str(LEASE_S),
+                    "--no-verify", "--metrics-addr", "off", "--budget", "1000",
+                ),
+                env=env, stdout=self.logs[source].open("w"), stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
-    def flowing(seconds: float) -> None:
+    def send_one(self) -> None:
+        det = dpb.Detection()
+        det.CopyFrom(
+            detection(time.time_ns(), labels=self.labels, flow=flow(port=40000 + len(self.sent)))
+        )
+        self.sent.append(det)
+        self.producer.send(DETECTIONS.name, dpb.DetectionBatch(records=[det]), key=det.id)
+        self.producer.flush()
+
+    def flowing(self, seconds: float) -> None:
         """Detections every 0.2 s, reading the bus meanwhile."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            send_one()
-            bus.read(0.2)
+            self.send_one()
+            self.bus.read(0.2)
 
-    with AgentServer(MemoryNodeAgent("node-a")) as agent:
-        try:
-            for name in ("a", "b"):
-                source = f"engine-{name}-{run}"
-                logs[source] = tmp_path / f"{name}.log"
-                env = {
-                    **os.environ,
-                    "CGLOOP_KAFKA_BOOTSTRAP": bootstrap,
-                    "CGLOOP_STATE_DIR": str(tmp_path / f"state-{name}"),
-                    **stack_settings.kafka_security().env(),
-                }
-                procs[source] = subprocess.Popen(
-                    cgloop_cmd(
-                        "policy", "run", str(policy), "--agent", f"node-a={agent.address}",
-                        "--journal", str(tmp_path / f"{name}.jsonl"), "--group", group,
-                        "--source-id", source, "--standby", "--lease-timeout", str(LEASE_S),
-                        "--no-verify", "--metrics-addr", "off", "--budget", "1000",
-                    ),
-                    env=env, stdout=logs[source].open("w"), stderr=subprocess.STDOUT,
-                )  # fmt: skip
-            # Detections flow until one engine decides, then a few seconds more (both up).
-            deadline = time.monotonic() + 90
-            while not bus.actions:
-                assert time.monotonic() < deadline, _logs(logs)
-                assert all(p.poll() is None for p in procs.values()), _logs(logs)
-                flowing(0.5)
-            flowing(4)
-            leader = bus.actions[0].header.source_id
-            (standby,) = set(procs) - {leader}
-            assert {a.header.source_id for a in bus.actions} == {leader}, "two engines decided"
-            # The crash: mid-stream, nothing committed or flushed on the way out.
-            killed_ns = time.time_ns()
-            procs[leader].send_signal(signal.SIGKILL)
-            procs[leader].wait(10)
-            flowing(LEASE_S + 6)
-            # Every detection decided (by either engine), in bounded time.
-            deadline = time.monotonic() + 60
-            while len({i for a in bus.actions for i in a.reason_detection_ids}) < len(sent):
-                assert time.monotonic() < deadline, _logs(logs)
-                bus.read(0.5)
-            bus.read(1.0)  # late duplicates, if any, would show now
-            assert procs[standby].poll() is None, _logs(logs)
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs.values():
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            bus.consumer.close()
+    def leader(self) -> tuple[str, str]:
+        """Detections flow until one engine decides, then 4 s more (both up): (leader,
+        standby), checked that only the leader decided."""
+        deadline = time.monotonic() + 90
+        while not self.bus.actions:
+            assert time.monotonic() < deadline, self.tails()
+            assert all(p.poll() is None for p in self.procs.values()), self.tails()
+            self.flowing(0.5)
+        self.flowing(4)
+        leader = self.bus.actions[0].header.source_id
+        (standby,) = set(self.procs) - {leader}
+        assert {a.header.source_id for a in self.bus.actions} == {leader}, "two engines decided"
+        return leader, standby
 
+    def burst(self) -> None:
+        """30 detections at once, and 0.3 s: the leader is busy with them (applies take 20 ms
+        each at the agent, one at a time)."""
+        for _ in range(30):
+            self.send_one()
+        time.sleep(0.3)
+
+    def all_decided(self, timeout_s: float = 90) -> None:
+        """Until every detection has an action and every action its final result (the
+        applies are asynchronous: a result may follow its action by seconds on a busy
+        machine)."""
+        deadline = time.monotonic() + timeout_s
+
+        def done() -> bool:
+            decided = {i for a in self.bus.actions for i in a.reason_detection_ids}
+            final = {r.action_id for r in self.bus.results if r.state in FINAL}
+            return len(decided) == len(self.sent) and {a.id for a in self.bus.actions} <= final
+
+        while not done():
+            assert time.monotonic() < deadline, self.tails()
+            self.bus.read(0.5)
+        self.bus.read(1.0)  # late duplicates, if any, would show now
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.bus.consumer.close()
+
+    def check(self, leader: str, standby: str, deposed_ns: int) -> dict[str, list[int]]:
+        """Exactly one action id per detection, applied once at the agent, all verified; the
+        old leader decided nothing after `deposed_ns`, the new one nothing before. Returns
+        each engine's decision times."""
+        bus = self.bus
         by_detection: dict[str, set[str]] = defaultdict(set)
         for a in bus.actions:
             for d in a.reason_detection_ids:
                 by_detection[d].add(a.id)
         # Exactly one action id per detection, across both engines; none lost.
-        assert set(by_detection) == {d.id for d in sent}
+        assert set(by_detection) == {d.id for d in self.sent}
         assert all(len(ids) == 1 for ids in by_detection.values()), by_detection
         action_ids = {a.id for a in bus.actions}
-        assert len(action_ids) == len(sent)
+        assert len(action_ids) == len(self.sent)
         # Applied once each at the agent: one change per action; any second call of an id
         # was answered as a replay (the agent's idempotency by action_id).
-        assert agent.agent.changes == len(sent)
-        calls = Counter(i for m, i in agent.agent.calls if m == "SetFlowClass")
+        assert self.agent.agent.changes == len(self.sent)
+        calls = Counter(i for m, i in self.agent.agent.calls if m == "SetFlowClass")
         assert set(calls) == action_ids
-        # Never two deciders at once: the old leader decided nothing after it was killed,
-        # the standby nothing before.
+        # Never two deciders at once.
         by_source: dict[str, list[int]] = defaultdict(list)
         for a in bus.actions:
             by_source[a.header.source_id].append(a.header.timestamp_ns)
         assert set(by_source) == {leader, standby}
-        assert max(by_source[leader]) < killed_ns <= min(by_source[standby])
+        assert max(by_source[leader]) < deposed_ns <= min(by_source[standby])
         # Every action reached its end (verified, not checked: --no-verify).
         final = {r.action_id for r in bus.results if r.state == apb.ACTION_STATE_VERIFIED}
-        assert final == action_ids
-        # The standby's journal holds every action, the old leader's adopted ones too.
+        assert final == action_ids, self.story(action_ids - final)
+        # The new leader's journal holds every action, the old leader's adopted ones too.
         journal = Journal(None)
-        for entry in Journal._read(tmp_path / f"{standby.split('-')[1]}.jsonl"):
+        for entry in Journal._read(self.tmp / f"{standby.split('-')[1]}.jsonl"):
             journal._remember(entry)
         assert action_ids <= set(journal.order)
-        failover_s = (min(by_source[standby]) - killed_ns) / 1e9
         replays = sum(n - 1 for n in calls.values())
         print(
-            f"\nfailover: first decision by the standby {failover_s:.2f} s after the kill "
-            f"(lease {LEASE_S:g} s); {len(sent)} detections, {len(by_source[leader])} "
-            f"decided by the old leader, {len(by_source[standby])} by the new; {replays} "
-            "applies answered as replays"
+            f"\n{len(self.sent)} detections, {len(by_source[leader])} decided by the old "
+            f"leader, {len(by_source[standby])} by the new; {replays} applies answered as "
+            "replays"
         )
-        assert failover_s < LEASE_S + 30, _logs(logs)
+        return by_source
+
+    def took_lease_s(self, source: str, since_ns: int) -> float:
+        """When `source` last logged taking the lease, in seconds after `since_ns`."""
+        stamps = re.findall(
+            r"^(\S+ \S+) INFO cgloop\.policy\.standby: \S+: took the lease",
+            self.logs[source].read_text(),
+            re.M,
+        )
+        at = datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return at - since_ns / 1e9
+
+    def story(self, ids: set[str]) -> str:
+        """What the bus and both journals say of these actions (a failure's message)."""
+        lines = []
+        for i in sorted(ids):
+            for a in self.bus.actions:
+                if a.id == i:
+                    lines.append(f"{i} action {a.header.source_id} {a.header.sequence}")
+            for r in self.bus.results:
+                if r.action_id == i:
+                    lines.append(
+                        f"{i} result {r.header.source_id} {r.header.sequence} "
+                        f"{apb.ActionState.Name(r.state)} {r.message}"
+                    )
+            for name in ("a", "b"):
+                for e in Journal._read(self.tmp / f"{name}.jsonl"):
+                    if e.action.id == i:
+                        lines.append(f"{i} journal {name}: {apb.ActionState.Name(e.state)}")
+        return "\n".join(lines) + "\n" + self.tails()
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {s}\n{p.read_text()[-3000:]}" for s, p in self.logs.items())
 
 
-def _logs(logs: dict[str, Path]) -> str:
-    return "\n".join(f"--- {s}\n{p.read_text()[-3000:]}" for s, p in logs.items())
+@pytest.fixture
+def scenario(stack_settings, tmp_path: Path) -> Iterator[Scenario]:
+    # Each apply takes 20 ms at the agent (one at a time): a burst keeps the leader busy
+    # deciding, applying and publishing when it is killed or paused.
+    with AgentServer(MemoryNodeAgent("node-a", apply_delay_s=0.02)) as agent:
+        s = Scenario(stack_settings, tmp_path, agent)
+        try:
+            yield s
+        finally:
+            s.stop()
+
+
+def test_standby_takes_over_from_a_killed_leader(scenario: Scenario) -> None:
+    leader, standby = scenario.leader()
+    # The crash: mid-burst, nothing committed or flushed on the way out.
+    scenario.burst()
+    killed_ns = time.time_ns()
+    scenario.procs[leader].send_signal(signal.SIGKILL)
+    scenario.procs[leader].wait(10)
+    scenario.flowing(LEASE_S + 6)
+    scenario.all_decided()
+    assert scenario.procs[standby].poll() is None, scenario.tails()
+    by_source = scenario.check(leader, standby, killed_ns)
+    failover_s = (min(by_source[standby]) - killed_ns) / 1e9
+    print(
+        f"failover after SIGKILL: lease taken {scenario.took_lease_s(standby, killed_ns):.2f} s, "
+        f"first decision {failover_s:.2f} s after the kill (lease {LEASE_S:g} s)"
+    )
+    assert failover_s < LEASE_S + 30, scenario.tails()
+
+
+def test_a_paused_leader_is_fenced_when_it_resumes(scenario: Scenario) -> None:
+    leader, standby = scenario.leader()
+    # The leader freezes (SIGSTOP) mid-burst, longer than its lease: the standby takes over.
+    scenario.burst()
+    paused_ns = time.time_ns()
+    scenario.procs[leader].send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + LEASE_S + 60
+    while not any(a.header.source_id == standby for a in scenario.bus.actions):
+        assert time.monotonic() < deadline, scenario.tails()
+        scenario.flowing(0.5)
+    # It resumes believing it leads: its stale lease is confirmed with the coordinator first,
+    # refused, and it decides nothing more while the new leader goes on.
+    scenario.procs[leader].send_signal(signal.SIGCONT)
+    scenario.flowing(5)
+    scenario.all_decided()
+    assert all(p.poll() is None for p in scenario.procs.values()), scenario.tails()
+    by_source = scenario.check(leader, standby, paused_ns)
+    log = scenario.logs[leader].read_text()
+    assert "lease revoked or lost" in log or "did not confirm the lease" in log, log[-3000:]
+    print(
+        f"failover after SIGSTOP: first decision by the standby "
+        f"{(min(by_source[standby]) - paused_ns) / 1e9:.2f} s after the pause"
+    )

@@ -39,6 +39,7 @@ published is decided again under the same id, and its apply is a replay at the a
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -344,9 +345,11 @@ class Mirror:
                 self._consumer.commit(message=msg, asynchronous=True)  # type: ignore[arg-type]
         return len(msgs)
 
-    def catch_up(self, timeout_s: float = 60.0) -> None:
+    def catch_up(self, timeout_s: float = 60.0, keep: Callable[[], bool] = lambda: True) -> bool:
         """Adopt everything on the topic up to its ends as they are now (a new leader, before
-        deciding anything). Raises TimeoutError when the ends are not reached in time."""
+        deciding anything). `keep()` is asked between reads (the lease still held): False
+        ends the catch-up early, and it returns False. Raises TimeoutError when the ends are
+        not reached in time."""
         deadline = time.monotonic() + timeout_s
         meta = self._consumer.list_topics(ACTIONS, timeout=timeout_s).topics[ACTIONS]
         ends = {
@@ -363,8 +366,11 @@ class Mirror:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the mirror of {ACTIONS} did not reach its ends: {behind}")
+            if not keep():
+                return False
             self.step(0.05)
         self.journal.sync()
+        return True
 
     def close(self) -> None:
         self._consumer.close()
@@ -380,6 +386,7 @@ def run(
     source_id: str,
     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
     on_lead: Callable[[object], None] | None = None,
+    catch_up_timeout_s: float = 300.0,
     **service_kwargs: object,
 ) -> None:
     """One engine of a standby group until `stop`: mirror while another leads; on taking the
@@ -400,7 +407,19 @@ def run(
                 mirror.step(0.2)
                 continue
             started = time.monotonic()
-            mirror.catch_up()
+            try:
+                caught_up = mirror.catch_up(
+                    catch_up_timeout_s, functools.partial(keep, lease, stop)
+                )
+            except TimeoutError as exc:
+                # Lead with a journal that may lack the old leader's last actions? No: give
+                # the lease up (another engine may do better) and try again as a standby.
+                log.error("%s: %s; giving the lease up", source_id, exc)
+                lease.close()
+                lease = Lease(bootstrap, group, source_id, session_timeout_s)
+                continue
+            if not caught_up:
+                continue  # the lease went during the catch-up (or stop)
             mirror.close()
             mirror = None
             engine = make_engine()
@@ -430,3 +449,10 @@ def run(
         if mirror is not None:
             mirror.close()
         lease.close()  # last: the detection consumer has committed and left
+
+
+def keep(lease: Lease, stop: threading.Event) -> bool:
+    """Between reads of a catch-up: serve the lease (within max.poll.interval.ms, however long
+    the catch-up takes); go on while it is held and nobody asked to stop."""
+    lease.poll(0)
+    return lease.held and not stop.is_set()
