@@ -12,7 +12,7 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     out = tmp_path / "report"
     res = run_cgloop("evaluate", "--out-dir", str(out), "--max-background", "10",
                      "--synthetic", "1", "--synthetic-random", "8", "--folds", "3",
-                     "--lab-cases", "4")
+                     "--lab-cases", "4", "--lab-others", "3")
     assert res.returncode == 0, res.stderr
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # plots embedded, no external files needed
@@ -25,9 +25,14 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     assert [r["name"] for r in metrics["ablation"]][:2] == ["deployed", "without synthetic"]
     assert any(r["name"] == "without cadence" for r in metrics["ablation"])
     assert sum(c["cases"] for c in metrics["lab_cases"]["by_condition"].values()) == 4
+    negatives = metrics["lab_cases"]["negatives"]
+    assert set(negatives) == {"video_streaming", "realtime_call", "bulk"}
+    assert sum(n["negatives"] for n in negatives.values()) == 3
+    assert metrics["decision_rule"]["fold_gaming_thresholds"]
     assert set(metrics["per_source"]) == {"xbox-cloud-gaming", "ndpi-pcaps"}
     assert {"game_stream_f1_real", "game_stream_f1_lab_cases",
-            "false_alarms_per_1000_other_real_flows"} <= set(metrics["targets"])
+            "false_alarms_per_1000_other_real_flows",
+            "false_alarms_per_1000_lab_negatives_decision_rule"} <= set(metrics["targets"])
 
 
 def test_pcap_command_rejects_a_non_capture(run_cgloop, tmp_path):

@@ -127,6 +127,10 @@ def evaluate_cmd(
     lab_cases: Annotated[int, typer.Option(
         min=0, help="non-circular lab sessions (labcases.py: another generator, bitrates "
         "outside the training range, loss, jitter, a rate cap)")] = 40,
+    lab_others: Annotated[int, typer.Option(
+        min=0, help="non-circular sessions of other traffic from the same generator "
+        "(labothers.py: adaptive video streaming, video calls, bulk downloads), for false "
+        "gaming alarms")] = 30,
     lab_seed: Annotated[int, typer.Option(
         help="seed of the lab cases (another seed: sessions no one has looked at)")] = 0,
     ablation: Annotated[bool, typer.Option(
@@ -136,14 +140,15 @@ def evaluate_cmd(
     """Evaluate on whole held-out captures and on the non-circular lab cases, per class and
     data source, with the ablations; write report.html, PNG plots and metrics.json."""
     from cgloop.analytics import generalisation
-    from cgloop.analytics.datasets import build_examples, lab_case_flows
+    from cgloop.analytics.datasets import build_examples, lab_case_flows, lab_other_flows
     from cgloop.analytics.evaluate import write_report
     from cgloop.analytics.model import read_card
 
     card = read_card(model) if model else None
     ex, flows = _examples(data_root, max_background, synthetic, synthetic_random)
     with console.status("generating the lab cases"):
-        lab = lab_case_flows(lab_cases, seed=lab_seed)
+        lab = lab_case_flows(lab_cases, seed=lab_seed) + lab_other_flows(lab_others,
+                                                                          seed=lab_seed)
         lab_ex = build_examples(lab)
     n = len(generalisation.variants()) if ablation else 1
     with _progress() as prog:

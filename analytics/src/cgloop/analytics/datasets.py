@@ -338,3 +338,16 @@ def lab_case_flows(n: int = 40, duration_s: float = 6.0, seed: int = 0) -> list[
             synthetic=True, source=f"lab case {case.condition}", name=case.name,
         ))
     return out
+
+
+def lab_other_flows(n: int = 30, duration_s: float = 6.0, seed: int = 0) -> list[LabelledFlow]:
+    """Non-circular sessions that are NOT cloud gaming (`labothers.py`: adaptive video
+    streaming, video calls, bulk downloads from the lab cases' generator, clean and under loss,
+    jitter and a rate cap), for false cloud-gaming alarms on traffic no training capture
+    resembles. Marked synthetic; evaluated apart, never trained on."""
+    from cgloop.analytics.labothers import draw_other_cases, other_records
+
+    return [LabelledFlow(
+        capture=case.name, label=case.kind, records=other_records(case, duration_s),
+        synthetic=True, source=f"lab case {case.kind} {case.condition}", name=case.name,
+    ) for case in draw_other_cases(n, seed)]

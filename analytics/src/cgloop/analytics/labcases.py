@@ -83,18 +83,20 @@ def _frames(case: LabCase, duration_s: float, rng: np.random.Generator):
     return out
 
 
-def _path(
-    ts: np.ndarray, sizes: np.ndarray, case: LabCase, cap_ratio: float, rng: np.random.Generator
+def path_arrivals(
+    ts: np.ndarray, sizes: np.ndarray, condition: str, rate_mbps: float, cap_ratio: float,
+    rng: np.random.Generator,
 ) -> np.ndarray:
-    """Arrival times at the probe (NaN: dropped) after the case's path condition."""
+    """Arrival times at the probe (NaN: dropped) of packets sent at `ts` with `sizes` bytes
+    after a path `condition` (CONDITIONS); a rate cap is `cap_ratio` of `rate_mbps`."""
     arr = ts.copy()
-    if case.condition == "loss":  # Gilbert-Elliott: bursts of loss, ~1-3 % overall
+    if condition == "loss":  # Gilbert-Elliott: bursts of loss, ~1-3 % overall
         bad, p_gb, p_bg = False, float(rng.uniform(0.003, 0.01)), float(rng.uniform(0.2, 0.5))
         for i in range(len(arr)):
             bad = (rng.random() < p_gb) if not bad else (rng.random() >= p_bg)
             if bad and rng.random() < 0.6:
                 arr[i] = np.nan
-    elif case.condition == "jitter":  # a mean-reverting random-walk delay, FIFO kept
+    elif condition == "jitter":  # a mean-reverting random-walk delay, FIFO kept
         std, tau = float(rng.uniform(2.0, 8.0)) / 1000, float(rng.uniform(0.05, 0.3))
         d, prev, last = std, arr[0] if len(arr) else 0.0, 0.0
         for i in range(len(arr)):
@@ -104,8 +106,8 @@ def _path(
             d = max(0.0, d)
             last = max(last, arr[i] + d)
             arr[i] = last
-    elif case.condition == "rate_cap":  # a bottleneck below the stream's rate, drop-tail
-        cap = case.rate_mbps * cap_ratio * 1e6 / 8
+    elif condition == "rate_cap":  # a bottleneck below the stream's rate, drop-tail
+        cap = rate_mbps * cap_ratio * 1e6 / 8
         buffer_s, free = float(rng.uniform(0.03, 0.15)), 0.0
         for i in range(len(arr)):
             start = max(free, arr[i])
@@ -150,7 +152,8 @@ def case_packets(
             ts.append(t + i * each / link)
             sizes.append(each + 40)
             meta.append((fi, i == n - 1))
-    arr = _path(np.array(ts), np.array(sizes, dtype=float), case, cap_ratio, rng)
+    arr = path_arrivals(np.array(ts), np.array(sizes, dtype=float), case.condition,
+                        case.rate_mbps, cap_ratio, rng)
     out: list[Packet] = []
     for a, size, (fi, last) in zip(arr, sizes, meta, strict=True):
         seq = (seq + 1) & 0xFFFF
