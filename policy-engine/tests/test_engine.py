@@ -414,3 +414,44 @@ action:
     events = engine.handle(dpb.DetectionBatch(records=[det]))
     assert states(events) == ["action:REFUSED", "REFUSED"]
     assert "no label 'interface'" in events[1].result.message
+
+
+def test_a_decision_held_by_an_action_in_flight_is_decided_once_it_ends(
+    agent: AgentServer,
+) -> None:
+    """Two policies answer one detection on one target: the second waits for the first's
+    verification (guard in_flight) and is then decided, not refused; detectors alert once
+    per episode, so a refusal would lose its lever for the whole episode."""
+    clock = ManualClock()
+    store = WindowStore()
+    second = policy(POLICY.replace("id: gaming", "id: gaming-ef").replace("0x10010", "0x10020"))
+    engine, _ = make_engine(agent, [policy(), second], clock, store)
+    t0 = clock()
+    store.ingest_probes(probes(t0 - 2_000 * MS, t0, rtt_ns=45 * MS))
+    events = engine.handle(dpb.DetectionBatch(records=[detection(t0)]))
+    assert states(events) == ["action:PROPOSED", "APPLIED"]  # the second is parked, no record
+    assert engine.stats.parked == 1 and engine.stats.refused == 0 and engine.busy
+    applied_ns = events[1].result.applied_ns
+    store.ingest_probes(probes(applied_ns, applied_ns + 2_000 * MS, rtt_ns=12 * MS))
+    clock.now_ns = applied_ns + 2_000 * MS
+    engine.tick()  # the first verifies, which frees the target: the second is decided
+    events = engine.drain()
+    assert states(events) == ["VERIFIED", "action:PROPOSED", "APPLIED"], states(events)
+    assert events[1].action.policy_id == "gaming-ef"
+    assert [c for c, _ in agent.agent.calls] == ["SetFlowClass", "SetFlowClass"]
+    assert not engine.busy
+
+
+def test_a_parked_decision_is_refused_when_the_target_stays_busy(agent: AgentServer) -> None:
+    clock = ManualClock()
+    store = WindowStore()
+    second = policy(POLICY.replace("id: gaming", "id: gaming-ef").replace("0x10010", "0x10020"))
+    engine, _ = make_engine(agent, [policy(), second], clock, store)
+    engine.park_s = 1.0
+    engine.handle(dpb.DetectionBatch(records=[detection(clock())]))
+    clock.advance(1.1)  # the first is still being verified (within 2 s)
+    engine.tick()
+    events = engine.drain()
+    assert states(events) == ["action:REFUSED", "REFUSED"]
+    assert "in_flight" in events[1].result.message and "waited 1 s" in events[1].result.message
+    assert engine.stats.refused == 1 and not engine._parked

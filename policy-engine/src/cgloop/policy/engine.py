@@ -65,6 +65,8 @@ class EngineStats(decide.DecideStats):
     plan_skipped: int = 0
     # set_chain actions the overload guard re-planned (more instances, other cores)
     replanned: int = 0
+    # decisions held back while another action was in flight on their target, then decided
+    parked: int = 0
 
 
 @dataclass
@@ -104,6 +106,14 @@ class Engine:
     # function.busy_ratio bound); at most this many instances of a function (the agent's bound).
     overload_margin: float = capacity.DEFAULT_MARGIN
     max_instances: int = capacity.DEFAULT_MAX_INSTANCES
+    # A decision that only the in-flight guard refuses (another action on its target is
+    # still being applied or verified) waits up to this long for it to end and is then
+    # decided again, with the guards and planners reading the state of then. Detectors alert
+    # once per episode, so a refusal there would lose the lever for the whole episode (the
+    # lab: a hog's node overload starts X-MAN on the node, and the function overload the same
+    # hog causes arrives while it is being verified). In memory only: a restart forgets them
+    # (their detection, redelivered or not, is then decided anew or not at all).
+    park_s: float = 5.0
 
     def __post_init__(self) -> None:
         self.guards = GuardBook(budget=self.budget)
@@ -124,6 +134,8 @@ class Engine:
         # action id -> what the planner or the overload guard did (leads its APPLIED result)
         self._notes: dict[str, str] = {}
         self._planned: dict[str, planning.Planned] = {}
+        # action id -> (policy, detection, subject key, target key, first parked at ns)
+        self._parked: dict[str, tuple[Policy, dpb.Detection, str, str, int]] = {}
         self._resume()
 
     # --- records --------------------------------------------------------------------------
@@ -204,8 +216,9 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        """Events wait for the journal or applies are in flight: poll again soon."""
-        return bool(self._outbox or self._inflight)
+        """Events wait for the journal, applies are in flight or decisions parked: poll
+        again soon."""
+        return bool(self._outbox or self._inflight or self._parked)
 
     # --- decision -------------------------------------------------------------------------
 
@@ -328,7 +341,9 @@ class Engine:
 
     target_key = staticmethod(decide.target_key)
 
-    def _decide(self, p: Policy, det: dpb.Detection, skey: str, now: int) -> None:
+    def _decide(
+        self, p: Policy, det: dpb.Detection, skey: str, now: int, parked_ns: int | None = None
+    ) -> None:
         proposed = decide.Decider.propose(
             p, det, skey, now, self._header(now), self.approval_timeout_s
         )
@@ -379,6 +394,17 @@ class Engine:
             tkey = proposal.target_key
         if refusal is None:
             refusal = self.guards.check(proposal, now)
+        if refusal is not None and refusal.guard == "in_flight":
+            since = now if parked_ns is None else parked_ns
+            if now - since < self.park_s * NS:
+                # Decided again once the action in flight ends (`_unpark`), planned anew then.
+                self._planned.pop(action.id, None)
+                self._notes.pop(action.id, None)
+                if action.id not in self._parked:
+                    self.stats.parked += 1
+                self._parked[action.id] = (p, det, skey, tkey, since)
+                return
+            refusal = Refusal(refusal.guard, f"{refusal.reason} (waited {self.park_s:g} s)")
         if refusal is not None:
             self.stats.refused += 1
             self._planned.pop(action.id, None)
@@ -517,8 +543,21 @@ class Engine:
         due = entry.result.applied_ns + action.expected_effect.within_ns
         heapq.heappush(self._due, (due, action.id))
 
+    def _unpark(self, now: int) -> None:
+        """Decide again the parked decisions whose target is free, or that waited park_s."""
+        ready = [
+            (action_id, item) for action_id, item in self._parked.items()
+            if item[3] not in self.guards.in_flight or now - item[4] >= self.park_s * NS
+        ]
+        for action_id, (p, det, skey, _, since) in ready:
+            del self._parked[action_id]
+            self._decide(p, det, skey, now, parked_ns=since)
+        if ready:
+            self._apply_decided()
+
     def tick(self) -> list[apb.ActionEvent]:
-        """Verify what is due, expire stale approvals; returns nothing (events go to drain)."""
+        """Verify what is due, expire stale approvals, decide parked decisions whose target
+        is free; returns nothing (events go to drain)."""
         self._collect_applies()
         now = self.clock()
         while self._due and self._due[0][0] <= now:
@@ -530,6 +569,8 @@ class Engine:
             if entry.awaiting_approval and now > entry.action.deadline_ns:
                 self.stats.expired += 1
                 self._result(entry, apb.ACTION_STATE_EXPIRED, "not approved before its deadline")
+        if self._parked:
+            self._unpark(now)
         return []
 
     def _verify(self, entry: Entry) -> None:
