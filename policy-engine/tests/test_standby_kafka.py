@@ -303,5 +303,8 @@ def test_a_paused_leader_is_fenced_when_it_resumes(scenario: Scenario) -> None:
     assert "lease revoked or lost" in log or "did not confirm the lease" in log, log[-3000:]
     print(
         f"failover after SIGSTOP: first decision by the standby "
-        f"{(min(by_source[standby]) - paused_ns) / 1e9:.2f} s after the pause"
+        f"{(min(by_source[standby]) - paused_ns) / 1e9:.2f} s after the pause; the old "
+        "leader said:",
+        *(line for line in log.splitlines() if "lease" in line),
+        sep="\n",
     )
