@@ -198,3 +198,13 @@ def test_the_lease_topic_has_one_partition() -> None:
     # With one partition the cooperative-sticky assignor never moves the lease from a live
     # leader when a standby joins (docs/scale.md, "A standby policy engine").
     assert topic(LEASE_TOPIC).partitions == 1
+
+
+def test_standby_needs_a_source_id_of_its_own(run_cgloop) -> None:
+    res = run_cgloop("policy", "run", "--standby", "--metrics-addr", "off")
+    assert res.returncode == 2
+    assert "--standby: give each engine of the group its own --source-id" in " ".join(
+        res.stderr.split()
+    )
+    shown = " ".join(run_cgloop("policy", "run", "--help").stdout.split())
+    assert "--standby" in shown and "--lease-timeout" in shown
