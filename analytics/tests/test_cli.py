@@ -12,14 +12,14 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     out = tmp_path / "report"
     res = run_cgloop("evaluate", "--out-dir", str(out), "--max-background", "10",
                      "--synthetic", "1", "--synthetic-random", "8", "--folds", "3",
-                     "--lab-cases", "4", "--lab-others", "3")
+                     "--lab-cases", "4", "--lab-others", "3", "--curve-repeats", "1")
     assert res.returncode == 0, res.stderr
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # plots embedded, no external files needed
     for name in ("confusion_matrix", "precision_recall", "time_to_decision_cdf"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "Small data" in html and "Game streams only" in html
-    for section in ("Per data source", "Non-circular lab cases", "Ablation"):
+    for section in ("Per data source", "Non-circular lab cases", "Ablation", "Learning curve"):
         assert section in html
     metrics = json.loads((out / "metrics.json").read_text())
     assert [r["name"] for r in metrics["ablation"]][:2] == ["deployed", "without synthetic"]
@@ -29,6 +29,9 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     assert set(negatives) == {"video_streaming", "realtime_call", "bulk"}
     assert sum(n["negatives"] for n in negatives.values()) == 3
     assert metrics["decision_rule"]["fold_gaming_thresholds"]
+    curve = metrics["learning_curve"]
+    assert {p["fraction"] for p in curve["points"]} == {0.25, 0.5, 0.75, 1.0}
+    assert set(curve["summary"]) == set(metrics["per_class"])
     assert set(metrics["per_source"]) == {"xbox-cloud-gaming", "ndpi-pcaps"}
     assert {"game_stream_f1_real", "game_stream_f1_lab_cases",
             "false_alarms_per_1000_other_real_flows",

@@ -136,6 +136,9 @@ def evaluate_cmd(
     ablation: Annotated[bool, typer.Option(
         help="also evaluate without synthetic data, without each feature group, with the "
         "bitrate and with the former features")] = True,
+    curve_repeats: Annotated[int, typer.Option(
+        min=0, help="learning curve (learning.py): subsampled draws of the training captures "
+        "per fraction (0: no curve)")] = 3,
 ) -> None:
     """Evaluate on whole held-out captures and on the non-circular lab cases, per class and
     data source, with the ablations; write report.html, PNG plots and metrics.json."""
@@ -157,7 +160,19 @@ def evaluate_cmd(
             ex, flows, lab_ex, lab, folds=folds, ablation=ablation,
             progress=lambda name: prog.update(task, advance=1, description=name))
     extra = generalisation.metrics(ev, cases, rows)
-    path = write_report(ev, out_dir, card, generalisation.html_section(ev, cases, rows), extra)
+    section = generalisation.html_section(ev, cases, rows)
+    if curve_repeats:
+        from cgloop.analytics import learning
+
+        with _progress() as prog:
+            fits = folds * (1 + curve_repeats * (len(learning.FRACTIONS) - 1))
+            task = prog.add_task("learning curve", total=fits)
+            points = learning.curve(ex, repeats=curve_repeats, folds=folds,
+                                    progress=lambda: prog.advance(task))
+        summ = learning.summary(points)
+        extra["learning_curve"] = {"points": points, "summary": summ}
+        section += learning.html_section(points, summ)
+    path = write_report(ev, out_dir, card, section, extra)
     console.print(f"report → {path}")
     print(json.dumps({"report": str(path), **ev.metrics(), "targets": extra["targets"],
                       "ablation": extra["ablation"]}, indent=2, default=str))
