@@ -23,7 +23,7 @@ from cgloop.bus.kafka import BatchConsumer, BatchProducer, ensure_topics
 from cgloop.bus.topics import ACTIONS, DETECTIONS
 from cgloop.policy.journal import FINAL, Journal
 from cgloop.policy.testing import AgentServer, MemoryNodeAgent, detection, flow
-from cgloop.testing import cgloop_cmd
+from cgloop.testing import cgloop_cmd, free_port, scrape_metrics
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 
@@ -93,8 +93,10 @@ class Scenario:
         self.sent: list[dpb.Detection] = []
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
+        self.metrics: dict[str, str] = {}  # source -> its /metrics address
         for name in ("a", "b"):
             source = f"engine-{name}-{run}"
+            self.metrics[source] = f"127.0.0.1:{free_port()}"
             self.logs[source] = tmp_path / f"{name}.log"
             env = {
                 **os.environ,
@@ -107,7 +109,7 @@ class Scenario:
                     "policy", "run", str(policy), "--agent", f"node-a={agent.address}",
                     "--journal", str(tmp_path / f"{name}.jsonl"), "--group", f"policy-{run}",
                     "--source-id", source, "--standby", "--lease-timeout", str(LEASE_S),
-                    "--no-verify", "--metrics-addr", "off", "--budget", "1000",
+                    "--no-verify", "--metrics-addr", self.metrics[source], "--budget", "1000",
                 ),
                 env=env, stdout=self.logs[source].open("w"), stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -140,7 +142,12 @@ class Scenario:
         leader = self.bus.actions[0].header.source_id
         (standby,) = set(self.procs) - {leader}
         assert {a.header.source_id for a in self.bus.actions} == {leader}, "two engines decided"
+        assert (self.leading(leader), self.leading(standby)) == (1, 0)
         return leader, standby
+
+    def leading(self, source: str) -> float:
+        """`cgloop_policy_leader` on `source`'s /metrics."""
+        return scrape_metrics(self.metrics[source])["cgloop_policy_leader"][()]
 
     def burst(self) -> None:
         """30 detections at once, and 0.3 s: the leader is busy with them (applies take 20 ms
@@ -273,6 +280,7 @@ def test_standby_takes_over_from_a_killed_leader(scenario: Scenario) -> None:
     scenario.flowing(LEASE_S + 6)
     scenario.all_decided()
     assert scenario.procs[standby].poll() is None, scenario.tails()
+    assert scenario.leading(standby) == 1
     by_source = scenario.check(leader, standby, killed_ns)
     failover_s = (min(by_source[standby]) - killed_ns) / 1e9
     print(
@@ -298,6 +306,7 @@ def test_a_paused_leader_is_fenced_when_it_resumes(scenario: Scenario) -> None:
     scenario.flowing(5)
     scenario.all_decided()
     assert all(p.poll() is None for p in scenario.procs.values()), scenario.tails()
+    assert (scenario.leading(leader), scenario.leading(standby)) == (0, 1)
     by_source = scenario.check(leader, standby, paused_ns)
     log = scenario.logs[leader].read_text()
     assert "lease revoked or lost" in log or "did not confirm the lease" in log, log[-3000:]

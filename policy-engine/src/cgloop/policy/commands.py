@@ -234,6 +234,7 @@ def run(
             )
         else:
             engines.append(make_engine())
+            engine_metrics.leader.set(1)
             service.run(
                 engines[0],
                 settings.bootstrap_servers,

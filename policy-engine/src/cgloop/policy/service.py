@@ -33,6 +33,7 @@ from cgloop.policy.engine import Engine, events_by_key
 from cgloop.policy.standby import Lease
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
+from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,13 @@ class EngineMetrics(PipelineMetrics):
             self.registry,
             "cgloop_policy_apply_latency_seconds",
             "from an action's decision to its result's applied_ns",
+        )
+        # 1 while this engine decides: always for a single engine; with `--standby`
+        # (cgloop.policy.standby) while it holds the lease, 0 while it stands by.
+        self.leader = Gauge(
+            "cgloop_policy_leader",
+            "1 while this engine decides (a standby group's leader), 0 while it stands by",
+            registry=self.registry,
         )
         self._detections: OrderedDict[str, int] = OrderedDict()
         self._actions: OrderedDict[str, int] = OrderedDict()

@@ -429,6 +429,9 @@ def run(
             )  # fmt: skip
             if on_lead is not None:
                 on_lead(engine)
+            metrics = service_kwargs.get("metrics")
+            if metrics is not None:
+                metrics.leader.set(1)  # type: ignore[attr-defined]
             try:
                 stopped = service.run(
                     engine,
@@ -439,6 +442,8 @@ def run(
                     **service_kwargs,  # type: ignore[arg-type]
                 )
             finally:
+                if metrics is not None:
+                    metrics.leader.set(0)  # type: ignore[attr-defined]
                 pool = getattr(engine, "_pool", None)
                 if pool is not None:
                     pool.shutdown(wait=False, cancel_futures=True)
