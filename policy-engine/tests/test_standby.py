@@ -14,7 +14,7 @@ from cgloop.policy import model
 from cgloop.policy.actuators import NodeAgentActuator, Router
 from cgloop.policy.engine import Engine
 from cgloop.policy.journal import Journal
-from cgloop.policy.standby import LEASE_TOPIC, adopt
+from cgloop.policy.standby import LEASE_TOPIC, Lease, adopt
 from cgloop.policy.telemetry import WindowStore
 from cgloop.policy.testing import (
     AgentServer,
@@ -208,3 +208,69 @@ def test_standby_needs_a_source_id_of_its_own(run_cgloop) -> None:
     )
     shown = " ".join(run_cgloop("policy", "run", "--help").stdout.split())
     assert "--standby" in shown and "--lease-timeout" in shown
+
+
+class FakeGroupConsumer:
+    """Stands in for the lease's librdkafka consumer: the coordinator's answer to a commit."""
+
+    def __init__(self) -> None:
+        self.refusal: int | None = None  # KafkaError code of the next commits, None: accepted
+        self.commits = 0
+        self.paused: list = []
+
+    def poll(self, timeout: float) -> None:
+        return None
+
+    def get_watermark_offsets(self, tp, timeout: float) -> tuple[int, int]:
+        return 0, 7
+
+    def commit(self, offsets, asynchronous: bool) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.commits += 1
+        if self.refusal is not None:
+            raise KafkaException(KafkaError(self.refusal))
+
+    def incremental_assign(self, partitions) -> None:
+        pass
+
+    def incremental_unassign(self, partitions) -> None:
+        pass
+
+    def pause(self, partitions) -> None:
+        self.paused.extend(partitions)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_lease_decides_only_on_a_fresh_confirmation() -> None:
+    from confluent_kafka import KafkaError, TopicPartition
+
+    now = [100.0]
+    lease = Lease("127.0.0.1:9", "g", "engine-a", session_timeout_s=6, clock=lambda: now[0])
+    lease._consumer.close()
+    fake = lease._consumer = FakeGroupConsumer()  # type: ignore[assignment]
+    assert not lease.hold() and fake.commits == 0  # no partition 0: a standby
+    lease._on_assign(fake, [TopicPartition(LEASE_TOPIC, 0)])  # type: ignore[arg-type]
+    assert fake.paused  # membership only: nothing fetched
+    assert lease.hold() and fake.commits == 1  # confirmed before the first decision
+    now[0] += 0.5
+    assert lease.hold() and fake.commits == 1  # a young confirmation is trusted
+    # The coordinator stops answering: decisions go on only while the last yes is younger
+    # than a third of the session timeout (2 s), counted from when it was asked.
+    fake.refusal = KafkaError._TIMED_OUT
+    now[0] += 0.6
+    assert lease.hold() and fake.commits == 2
+    now[0] += 1.0
+    assert not lease.hold() and lease.held  # stale: no decision, still the assignee
+    # A long pause, then the coordinator refuses a member it evicted: deposed.
+    fake.refusal = KafkaError.UNKNOWN_MEMBER_ID
+    now[0] += 30
+    assert not lease.hold() and not lease.held
+    # Assigned again (a new generation) and confirmed: it leads again.
+    fake.refusal = None
+    lease._on_assign(fake, [TopicPartition(LEASE_TOPIC, 0)])  # type: ignore[arg-type]
+    assert lease.hold() and lease.terms == 2
+    lease._on_revoke(fake, [TopicPartition(LEASE_TOPIC, 0)])  # type: ignore[arg-type]
+    assert not lease.hold()

@@ -72,6 +72,13 @@ ACTIONS = topics.ACTIONS.name
 DEFAULT_SESSION_TIMEOUT_S = 10.0
 
 
+def boottime() -> float:
+    """Seconds on CLOCK_BOOTTIME: monotonic, and counting a suspend of the machine (a paused
+    VM) as CLOCK_MONOTONIC does not; CLOCK_MONOTONIC where there is no such clock."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
+
+
 def lease_group(group: str) -> str:
     return f"{group}.leader"
 
@@ -96,7 +103,7 @@ class Lease:
         session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
         valid_s: float | None = None,
         confirm_every_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boottime,
         config: dict | None = None,
     ) -> None:
         if session_timeout_s <= 0:
@@ -109,7 +116,7 @@ class Lease:
         self.clock = clock
         self._held = False
         self._confirmed_at: float | None = None
-        self.acquired_at: float | None = None  # monotonic time partition 0 was assigned
+        self.acquired_at: float | None = None  # when partition 0 was assigned (`clock`)
         self.terms = 0  # how many times this engine took the lease
         ms = int(session_timeout_s * 1000)
         self._consumer = Consumer(
@@ -173,6 +180,7 @@ class Lease:
         """Ask the coordinator: a synchronous offset commit on the lease partition, refused
         unless this member belongs to the group's current generation. True when accepted."""
         tp = TopicPartition(LEASE_TOPIC, LEASE_PARTITION)
+        asked = self.clock()  # the coordinator's yes holds from no earlier than this
         try:
             _, high = self._consumer.get_watermark_offsets(tp, timeout=self.valid_s)
             tp.offset = max(high, 0)  # the end: the lease group shows no lag
@@ -188,7 +196,7 @@ class Lease:
             ):
                 self._held = False  # deposed; librdkafka rejoins the group by itself
             return False
-        self._confirmed_at = self.clock()
+        self._confirmed_at = asked
         return True
 
     def hold(self) -> bool:
