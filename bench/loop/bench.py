@@ -15,13 +15,15 @@ records in the store and the lab's per-packet ground truth (250 ms windows):
     classifier with queue protection, the monitor's tracepoint programs).
 
 On the multi-node lab (lab v2) the faults of the other levers run in the same turn (`--faults-of
-all`, the default; `queues` keeps issue 19's three): a CPU hog on the core of edge1's chain
-function (dpi, AF_XDP) → function_overload → set_chain; CPU hogs on every core of edge2 →
-node_overload → set_power_policy (emulated sysfs); congestion on the core's link towards edge1,
-seen by INT → onos_flow_rule (the ONOS contract server) and the core agent. For those, per kind:
-onset -> the engine's lever applied and verified, gaming packets lost during the fault (counted
-at the clients: what a chain swap costs) and, for core congestion, onset -> the INT detection
-(an upper bound on the time from the queue crossing its threshold).
+all`, the default; `queues` keeps issue 19's three): a SCHED_FIFO hog above edge1's chain
+function (dpi, AF_XDP) on its core → function_overload → set_chain; a SCHED_FIFO hog below
+edge2's worker on its first core → node_overload → set_power_policy (emulated sysfs); each
+agent reads its node's own share of the cores (the lab's cgroup per node); congestion on the
+core's link towards edge1, seen by INT → onos_flow_rule (the ONOS contract server) and the
+core agent. For those, per kind: onset -> the engine's lever applied and verified, gaming
+packets lost during the fault (counted at the clients: what a chain swap costs) and, for core
+congestion, onset -> the INT detection (an upper bound on the time from the queue crossing its
+threshold).
 
 Targets (issue 19, node-local faults): onset -> applied p99 <= 20 ms; gaming p99 back under its
 SLO <= 250 ms p99; >= 90 % of congestion faults never push the gaming p99 over the SLO; the
