@@ -9,20 +9,19 @@ agent, and the ONOS contract server (no ONOS runs here).
 Faults, each a trial with fresh gaming flows, and a session joining late:
   * congestion on edge1's home link: the queues (the latency guard promotes the gaming flow);
   * an unresponsive ECT(1) flow into edge2's home: the queues (RFC 9957 queue protection);
+  * edge1's dpi worker starved on its core (a SCHED_FIFO hog above it, in edge1's cgroup):
+    function_overload → set_chain (Natif scale-out or CALVIN re-placement);
+  * edge2's core 0 busy (a SCHED_FIFO hog below its worker): node_overload → set_power_policy
+    (X-MAN, verified by reading the emulated tree back);
   * congestion on the core's link towards edge2, seen by INT: onos_flow_rule (the contract
     server validates and records it) and the core agent's own change of its queues;
   * a gaming session joining: classified, then a chain placement (LBLC) for it that the engine
     either applies and verifies or refuses with the overload guard's reason in the result.
-Over the whole run: X-MAN's set_power_policy verified by reading the emulated tree back, the
+Each agent reads its own node's share of the cores (the lab's cgroup per node,
+`[cpu_accounting]`): on this one VM a hog is only its node's overload. Over the whole run: the
 gaming traffic of both edges through the dpi function (its counters in the node samples), no
 detection emitted twice by the two workers, the rows in ClickHouse, the dashboards' queries, and
-nothing left behind once the lab is down. Needs root; ~4 min.
-
-Not asserted, because this 2-core VM cannot show them (docs/loop.md, "Limits"): a CPU hog's
-function_overload → set_chain and node_overload → set_power_policy *within their own trial*.
-Every emulated node reads the same two cores, which the lab's own traffic keeps near 100 % busy:
-node_overload holds from start-up on (the power lever acts then), and the R_max guard rightly
-finds no core with room for another dpi instance.
+nothing left behind once the lab is down. Needs root; ~5 min.
 
 No timing is asserted beyond order (each lever within its fault): the suite must pass beside a
 CPU hog; the benchmark (bench/loop) measures how fast.
@@ -50,6 +49,7 @@ from cgloop.lab.scenario import Scenario  # noqa: E402
 from cgloop.lab.sessions import Ect1Spec  # noqa: E402
 from cgloop.lab.topology import load_topology  # noqa: E402
 from cgloop.loop.closed_loop import ClosedLoop, LoopOptions  # noqa: E402
+from cgloop.loop.edge import DPI_CORE, DPI_RT_PRIORITY  # noqa: E402
 from cgloop.loop.report import build_report  # noqa: E402
 from cgloop.testing import data_missing, private_settings  # noqa: E402
 
@@ -65,6 +65,12 @@ SCENARIO = {
     "faults": [
         {"kind": "congestion", "at": 2, "duration": 4, "flows": 4, "dst": "home1"},
         {"kind": "ect1_abuse", "at": 8, "duration": 4, "rate_mbit": 60, "dst": "home2"},
+        # edge1's dpi worker starved on its core (SCHED_FIFO above it): function_overload
+        {"kind": "cpu_hog", "at": 14, "duration": 4, "node": "edge1", "cores": [DPI_CORE],
+         "realtime_priority": DPI_RT_PRIORITY + 10},
+        # edge2's core 0 busy (SCHED_FIFO below its worker): node_overload
+        {"kind": "cpu_hog", "at": 20, "duration": 4, "node": "edge2", "cores": [0],
+         "realtime_priority": 1},
         {"kind": "core_congestion", "at": 26, "duration": 4, "flows": 4, "dst": "edge2"},
     ],
 }
@@ -74,14 +80,22 @@ LEVERS = {
     "congestion": ("reprioritise_flow", "edge1"),
     "ect1_abuse": ("queue_protection_sanction", "edge2"),
     "core_congestion": ("onos_flow_rule", "of:0000000000000001"),
+    "cpu_hog@edge1": ("set_chain", "edge1"),
+    "cpu_hog@edge2": ("set_power_policy", "edge2"),
     "session_join": ("set_chain", None),  # whichever node of its path LBLC chose
 }
-DETECTION = {"core_congestion": "queue_congestion"}
-# Levers verified at least once over the run, in a trial or not (X-MAN acts on the start-up
-# overload every node of this VM shows).
+DETECTION = {
+    "core_congestion": "queue_congestion",
+    "cpu_hog@edge1": "function_overload",
+    "cpu_hog@edge2": "node_overload",
+}
+# Levers verified at least once over the run, in a trial or not.
 REQUIRED = ("set_power_policy", "onos_flow_rule", "set_class_rate")
-# What the overload guard writes in a result it refused or re-planned (cgloop.policy.capacity).
-GUARD_WORDS = ("guard overload", "guard admission", "do not fit", "re-planned")
+# What a guard writes in a result it refused or re-planned: the overload guard
+# (cgloop.policy.capacity) and the policy's own (each trial's fresh sessions are placed once
+# each, and the placement policy's hold time keeps a node from taking one chain after another).
+GUARD_WORDS = ("guard overload", "guard admission", "do not fit", "re-planned", "guard hold_time",
+               "guard in_flight")
 
 ECT1_PORT = Ect1Spec().port  # the abuser's port unless the scenario names one
 
@@ -269,9 +283,11 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     # Or the guard already held the flow in the gaming class at the onset (it promoted it in
     # the trial's lead, e.g. on a queue of a loaded machine's own making): its edge had done its
     # part, and what the flood's slow start queued on the core is the core's lever's (INT).
+    # A flood that never took the gaming p99 past the SLO (a loaded machine's flood can start
+    # slowly) leaves nothing to repair: no lever is demanded then.
     placed_before = any(gaming_port in s for s in congestion.node_placed_at_onset)
-    assert any(gaming_port in s for s in promoted) or engine_moved or placed_before, (
-        congestion.model_dump_json(indent=1))
+    assert not congestion.affected or any(gaming_port in s for s in promoted) or engine_moved or (
+        placed_before), congestion.model_dump_json(indent=1)
     assert not congestion.affected or congestion.recovered_ns is not None, (
         congestion.model_dump_json(indent=1))
     abuser_port = str(SCENARIO["faults"][1].get("port", ECT1_PORT))
@@ -281,9 +297,12 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     # (The analytics' L4S detection is not asserted: behind lab v2's core router the abuser's
     # 4-packet bursts arrive spaced by the core's 200 Mbit/s shaper; the node's per-packet
     # protection above is the lever.)
+    # (the engine's move of a flow on the other edge, on a latency breach of the loaded
+    # machine's own making during the trial, is not the fault's and not judged here)
     wrong = [
         (f.kind, f.action, f.verdict) for f in (congestion, abuse)
         if f.action is not None and f.action.startswith("reprioritise_flow")
+        and f.node == LEVERS[f.kind][1]
         and not refused_after_the_node(f) and f.verdict != expected_verdict(f.kind, f.action)
     ]
     assert not wrong, f"verdicts {wrong}, expected {EXPECTED_VERDICT} (gaps {KNOWN_GAPS}); " + (
