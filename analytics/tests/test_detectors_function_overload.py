@@ -131,3 +131,18 @@ def test_node_overload_names_its_busiest_core() -> None:
     labels = dict(d.labels)
     assert int(labels.pop("episode")) <= d.window_end_ns  # the episode's start names it
     assert labels == {"node_id": "edge1", "core": "2", "trigger": "sustained"}
+
+
+def test_a_starved_function_comes_before_its_nodes_overload_in_one_sample() -> None:
+    """One hog overloads the node and starves its chain function: the function's detection
+    (the more specific diagnosis) leads, so an engine deciding in order acts on it first."""
+    det = QueueOverloadDetector()
+    kinds = []
+    for t in range(0, 1600, 200):
+        dropped = 0 if t < 1000 else 100 * t  # the ring overflows as the node's second ends
+        for d in det.on_node(sample(t, fn(dropped=dropped), cores=[(0, 0.2), (1, 0.97)])):
+            kinds.append((t, d.kind))
+    both = [t for t, _ in kinds if [t2 for t2, _ in kinds].count(t) == 2]
+    assert both, kinds  # one sample raised both
+    same = [k for t, k in kinds if t == both[0]]
+    assert same == [K.DETECTION_KIND_FUNCTION_OVERLOAD, K.DETECTION_KIND_NODE_OVERLOAD], kinds

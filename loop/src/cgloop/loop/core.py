@@ -19,6 +19,7 @@ from cgloop.loop.edge import (
     DEFAULT_CLASS,
     GAMING_CLASS,
     LINK_CLASS,
+    NODE_SAMPLE_MS,
     cpu_accounting_toml,
     home_routers,
 )
@@ -118,6 +119,7 @@ def core_agent_toml(plan: CorePlan, journal: str, kafka_bootstrap: str) -> str:
         f"node_id = {q(plan.node)}",
         f"journal_path = {q(journal)}",
         f"kafka_bootstrap = {q(kafka_bootstrap)}",
+        f"node_sample_interval_ms = {NODE_SAMPLE_MS}",
         # its own AF_XDP port name (the edges' agents keep the default in their namespaces)
         "[bounds]",
         f"interfaces = [{', '.join(q(i) for i in plan.edges)}]",

@@ -190,13 +190,16 @@ class QueueOverloadDetector:
     def on_node(self, n: NodeSample) -> list[Detection]:
         t = n.header.timestamp_ns
         out: list[Detection] = []
+        # Functions first: when one sample shows both, the more specific diagnosis (a starved
+        # chain function) comes first in the batch, and a policy engine deciding in order acts
+        # on it first (its lever relieves the function; the node's power lever can follow).
+        for f in n.functions:
+            out += self._function(n.node_id, t, f)
         if n.cores:
             busiest = max(n.cores, key=lambda c: c.utilization)
             s = self._get(f"n/{n.node_id}", DetectionKind.DETECTION_KIND_NODE_OVERLOAD, n.node_id)
             s.labels = {"node_id": n.node_id, "core": str(busiest.core)}
             out += self._update(s, t, busiest.utilization, [])
-        for f in n.functions:
-            out += self._function(n.node_id, t, f)
         return out
 
     def _function(self, node: str, t: int, f: FunctionCounters) -> list[Detection]:
