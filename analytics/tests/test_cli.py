@@ -19,7 +19,8 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     for name in ("confusion_matrix", "precision_recall", "time_to_decision_cdf"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "Small data" in html and "Game streams only" in html
-    for section in ("Per data source", "Non-circular lab cases", "Ablation", "Learning curve"):
+    for section in ("Per data source", "Non-circular lab cases", "lab gaming sessions",
+                    "Ablation", "Learning curve"):
         assert section in html
     metrics = json.loads((out / "metrics.json").read_text())
     assert [r["name"] for r in metrics["ablation"]][:2] == ["deployed", "without synthetic"]

@@ -261,6 +261,15 @@ def html_section(ev: Evaluation, cases: Sequence[CaseResult],
     )
     pos = [c for c in cases if c.gaming]
     neg = lab_alarms(cases)
+    by_cond = "".join(
+        f"<tr><td>{html.escape(cond)}</td><td>{int(m['detected'] or 0)}/{int(m['cases'] or 0)}"
+        f"</td><td>{_fmt(m['ttd_p50_s'])}</td><td>{_fmt(m['ttd_p90_s'])}</td></tr>"
+        for cond, m in metrics(ev, cases, rows)["lab_cases"]["by_condition"].items()
+    )
+    every = [c.decision_s for c in pos]
+    by_cond += (f"<tr><td>all</td><td>{sum(1 for c in pos if c.predicted == 'cloud_gaming')}/"
+                f"{len(pos)}</td><td>{_fmt(_pct(every, 50))}</td><td>{_fmt(_pct(every, 90))}"
+                "</td></tr>")
     return f"""<h2>Per data source (real held-out flows)</h2><table><tr><th>source</th>
 <th>class</th><th>precision</th><th>recall</th><th>F1</th><th>flows</th><th>decision p50 s</th>
 <th>p90 s</th></tr>{src}</table>
@@ -274,6 +283,8 @@ negatives taken for gaming. False gaming alarms on the lab negatives:
 {int(neg["false_alarms"])} of {int(neg["negatives"])} at the longest prefix,
 {int(neg["decision_alarms"])} decided by the rule ({neg["decision_per_1000"]:.0f} per 1,000).
 Marked synthetic.</p>
+<table><tr><th>lab gaming sessions</th><th>detected</th><th>decision p50 s</th><th>p90 s</th>
+</tr>{by_cond}</table>
 <table><tr><th>wrong case</th><th>true</th><th>predicted</th><th>decided</th><th>p</th></tr>
 {missed}</table>
 <h2>Ablation</h2><table><tr><th>model</th><th>features</th><th>game-stream F1 (real)</th>
