@@ -12,7 +12,10 @@ def test_evaluate_writes_a_self_contained_report(run_cgloop, tmp_path):
     out = tmp_path / "report"
     res = run_cgloop("evaluate", "--out-dir", str(out), "--max-background", "10",
                      "--synthetic", "1", "--synthetic-random", "8", "--folds", "3",
-                     "--lab-cases", "4", "--lab-others", "3", "--curve-repeats", "1")
+                     "--lab-cases", "4", "--lab-others", "3", "--curve-repeats", "1",
+                     # ~45 s on an idle machine; each fold's model also fits its decision
+                     # threshold, and the shared 2 cores run 10-20 jobs deep at times
+                     timeout=600)
     assert res.returncode == 0, res.stderr
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # plots embedded, no external files needed
