@@ -24,6 +24,8 @@ from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1 import node_agent_pb2 as na
 
 MS = 1_000_000
+# the in-memory agent's cpuinfo range (AgentBounds.cpuinfo_khz)
+LO_KHZ, HI_KHZ = 400_000, 5_000_000
 
 POLICY = """
 id: gaming
@@ -455,3 +457,33 @@ def test_a_parked_decision_is_refused_when_the_target_stays_busy(agent: AgentSer
     assert states(events) == ["action:REFUSED", "REFUSED"]
     assert "in_flight" in events[1].result.message and "waited 1 s" in events[1].result.message
     assert engine.stats.refused == 1 and not engine._parked
+
+
+def test_x_man_moving_its_latency_critical_core_releases_the_old_one_first() -> None:
+    """The agent keeps at most all cores but one out of C-states, counting what earlier policies
+    forbade: X-MAN on core 1, then on core 0 (the hog moved) must allow core 1's C-states again
+    before it forbids core 0's. The in-memory agent refuses as the real one does."""
+    node = MemoryNodeAgent("node-a", bounds=AgentBounds(online_cpus=[0, 1]))
+    with AgentServer(node) as server:
+        actuator = NodeAgentActuator({"node-a": server.address})
+        for i, critical in enumerate(([1], [0])):
+            action = apb.Action(
+                id=f"xman-{i}", operation=apb.ACTION_OPERATION_SET_POWER_POLICY,
+                target=apb.ActionTarget(node_id="node-a"),
+                set_power_policy=apb.SetPowerPolicyAction(
+                    cores=[0, 1], latency_critical=critical, xman_mode=na.XMAN_MODE_LOAD,
+                    min_frequency_khz=LO_KHZ, max_frequency_khz=HI_KHZ,
+                ),
+            )
+            actuator.apply(action)
+        assert [c for c, p in sorted(node.state.power.items()) if p.forbid_cstates] == [0]
+        # forbidding both at once is what the agent refuses
+        with pytest.raises(Exception, match="max_cstate_forbidden_cores"):
+            actuator.apply(apb.Action(
+                id="both", operation=apb.ACTION_OPERATION_SET_POWER_POLICY,
+                target=apb.ActionTarget(node_id="node-a"),
+                set_power_policy=apb.SetPowerPolicyAction(
+                    cores=[0, 1], latency_critical=[0, 1], xman_mode=na.XMAN_MODE_LOAD,
+                    min_frequency_khz=LO_KHZ, max_frequency_khz=HI_KHZ,
+                ),
+            ))

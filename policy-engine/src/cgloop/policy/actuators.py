@@ -101,7 +101,11 @@ def place_chain(s: apb.SetChainAction) -> na.ServiceChain:
 
 
 def power_policies(s: apb.SetPowerPolicyAction) -> list[na.PowerPolicy]:
-    """The X-MAN plan of a set_power_policy: one policy per group of cores set alike."""
+    """The X-MAN plan of a set_power_policy: one policy per group of cores set alike, the
+    groups that allow C-states first. The agent bounds the cores it keeps out of C-states
+    (`max_cstate_forbidden_cores`) counting those an earlier policy forbade: a plan that moves
+    the latency-critical core (X-MAN on core 1, then on core 0) must release the old one
+    before it forbids the new one."""
     mode = s.xman_mode or na.XMAN_MODE_LOAD
     try:
         plan = power.plan_power(
@@ -122,7 +126,7 @@ def power_policies(s: apb.SetPowerPolicyAction) -> list[na.PowerPolicy]:
             xman_mode=XMAN[cp.xman_mode],
             forbid_cstates=not cp.allow_cstates,
         )
-        for cp in plan
+        for cp in sorted(plan, key=lambda cp: not cp.allow_cstates)
     ]
 
 
@@ -371,21 +375,38 @@ class NodeAgentActuator:
         if len(policies) > 1 and not dry:
             # One request per group of cores: the agent validates each (limits within the
             # hardware's, governors it has) in a dry run first, so a group it would refuse
-            # fails the action before any group has changed.
+            # fails the action before any group has changed. Not the C-state bound: the
+            # agent counts the cores earlier policies forbade, which the groups before a
+            # forbidding one release only once applied; that is checked for real below.
             for i, pol in enumerate(policies):
+                check = na.PowerPolicy()
+                check.CopyFrom(pol)
+                check.forbid_cstates = False
                 self._call(
                     node,
                     "SetPowerPolicy",
-                    na.SetPowerPolicyRequest(action_id=f"{key}/check{i}", dry_run=True, policy=pol),
+                    na.SetPowerPolicyRequest(
+                        action_id=f"{key}/check{i}", dry_run=True, policy=check
+                    ),
                 )
         for i, pol in enumerate(policies):
-            resp = self._call(
-                node,
-                "SetPowerPolicy",
-                na.SetPowerPolicyRequest(
-                    action_id=f"{key}/{i}" if i else key, dry_run=dry, policy=pol
-                ),
-            )
+            try:
+                resp = self._call(
+                    node,
+                    "SetPowerPolicy",
+                    na.SetPowerPolicyRequest(
+                        action_id=f"{key}/{i}" if i else key, dry_run=dry, policy=pol
+                    ),
+                )
+            except ActuatorError:
+                # A group refused after others were applied: put those back, then fail.
+                for j, back in enumerate(prev.policies if not dry else []):
+                    self._call(
+                        node,
+                        "SetPowerPolicy",
+                        na.SetPowerPolicyRequest(action_id=f"{key}/undo{j}", policy=back),
+                    )
+                raise
             prev.policies.extend(resp.previous)
             outcome = resp.outcome
         if outcome is None:

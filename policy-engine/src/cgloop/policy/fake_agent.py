@@ -538,6 +538,21 @@ class MemoryNodeAgent(na_grpc.NodeAgentServiceServicer):
                     f"power policy: limits {low}..{high} kHz outside the allowed {lo}..{hi} kHz "
                     f"of policy{core} or inverted",
                 )
+            if p.forbid_cstates:
+                # The agent's bound (power_glue.rs check_cstates): the cores it keeps out of
+                # C-states after this policy, those an earlier policy forbade included, at most
+                # max_cstate_forbidden_cores (default: all cores but one, at least one).
+                cpus = self.bounds.online_cpus
+                limit = max(len(cpus) - 1, 1)
+                after = sorted(
+                    {c for c, q in self.state.power.items() if q.forbid_cstates} | set(p.cores)
+                )
+                if len(after) > limit:
+                    raise Refused(
+                        grpc.StatusCode.OUT_OF_RANGE,
+                        f"policy.forbid_cstates: cores {after} would be kept out of C-states, "
+                        f"more than max_cstate_forbidden_cores = {limit}",
+                    )
             prev = {c: self.state.power.get(c) for c in request.policy.cores}
             if not request.dry_run:
                 for c in request.policy.cores:
