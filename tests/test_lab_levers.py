@@ -155,3 +155,8 @@ def test_every_lever_of_the_lab_template_acts(lab) -> None:
     assert applied["lab-gaming-session-placement"].startswith("placed by LBLC on core"), applied
     assert "gaming" in agents["core"].agent.state.chains
     assert agents["core"].agent.state.chains["gaming"].chain_id == "edge2-gaming"
+    # ... and the core's agent guards it, on its egress towards edge2 (lab-gaming-protect-core)
+    assert got["lab-gaming-protect-core"].state in (
+        apb.ACTION_STATE_APPLIED, apb.ACTION_STATE_VERIFIED), messages
+    (guarded,) = agents["core"].agent.state.protections.values()
+    assert guarded.interface_name == "edge2" and guarded.class_id == 0x10020

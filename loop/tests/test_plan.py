@@ -76,6 +76,11 @@ def test_one_plan_per_edge_and_the_core() -> None:
         "sample_every": 32,
     }
     assert toml["bounds"]["interfaces"] == ["edge1", "edge2"]
+    # the latency guard of the gaming flows the engine protects on the core (its policy:
+    # lab-gaming-protect-core), off with the micro loop off; no L4S class there
+    assert toml["guard"]["enabled"] is True and toml["queue_protection"]["enabled"] is False
+    off = tomllib.loads(core_agent_toml(core, "/j.pb", "", micro_loop=False))
+    assert off["guard"]["enabled"] is False
     # every lab node shares the VM's cores: each agent reads its node's cgroup, when it has one
     assert "cpu_accounting" not in toml
     core.cgroup = Path("/sys/fs/cgroup/cgloop-lab/core")
@@ -222,6 +227,11 @@ def test_the_loop_defends_the_slo_tables_lab_profile(plan: EdgePlan, tmp_path: P
         text = levers.read_text()
         assert "{core_node}" not in text and "{core_device_id}" not in text
         assert "{latency_slo_ns}" not in text and "{latency_slo_ms}" not in text
+        # classified gaming flows are guarded on the core too, on its egress towards their edge
+        protect = {p.id: p for p in load_policies([levers])}["lab-gaming-protect-core"]
+        assert protect.action.operation.value == "protect_flow"
+        assert protect.action.target.node_id == "core"
+        assert protect.action.target.interface_name == "{label:node_id}"
     with pytest.raises(CgloopError, match="no SLO deployment profile 'moon'"):
         _ = LoopOptions(slo_profile="moon").latency_slo_ms
 

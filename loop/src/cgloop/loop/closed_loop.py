@@ -450,8 +450,9 @@ class ClosedLoop:
         journal = str(self.run_dir / f"agent-journal-{c.node}.pb")
         if self.lab is not None:
             c.cgroup = self.lab.cgroup(c.node)
+        o = self.options
         agent = self._start_agent(c.node, core_agent_toml(
-            c, journal, self.settings.bootstrap_servers))
+            c, journal, self.settings.bootstrap_servers, micro_loop=o.enabled and o.micro_loop))
         s.wait_for(agent, s.log_says(agent, "listening on"), 30)
         self.int_export = True
         self.agent_pids[c.node] = agent.proc.pid

@@ -21,6 +21,7 @@ from cgloop.loop.edge import (
     LINK_CLASS,
     NODE_SAMPLE_MS,
     cpu_accounting_toml,
+    guard_toml,
     home_routers,
 )
 from cgloop.v1 import node_agent_pb2 as na
@@ -110,10 +111,13 @@ class CorePlan:
         return out
 
 
-def core_agent_toml(plan: CorePlan, journal: str, kafka_bootstrap: str) -> str:
+def core_agent_toml(
+    plan: CorePlan, journal: str, kafka_bootstrap: str, micro_loop: bool = True
+) -> str:
     """The core's agent: bounds to its core→edge interfaces, the 1 ms queue monitor (what INT
-    reports as hop latency and queue occupancy), no micro loop of its own, and `[int_export]`
-    to the collector beside it."""
+    reports as hop latency and queue occupancy), the latency guard of the gaming flows the
+    engine protects there (no queue protection: no L4S class on the core), and `[int_export]`
+    to the collector beside it. `micro_loop=False`: the guard off, as on the edges."""
     q = json.dumps
     lines = [
         f"node_id = {q(plan.node)}",
@@ -128,8 +132,9 @@ def core_agent_toml(plan: CorePlan, journal: str, kafka_bootstrap: str) -> str:
         "stale_after_us = 5000",
         "[queue_protection]",
         "enabled = false",
-        "[guard]",
-        "enabled = false",
+        # the latency guard of the gaming flows the engine protects on the core too
+        # (lab-gaming-protect-core in the levers' policies)
+        *guard_toml(micro_loop),
         "[int_export]",
         f"collector = {q(INT_COLLECTOR)}",
         f"node_id = {INT_NODE_ID}",

@@ -253,8 +253,18 @@ def agent_toml(
         "attempts = 2",
         "buckets = 32",
         "ce_step_us = 1000",
+        *guard_toml(micro_loop),
+        *power_toml(plan.cpufreq_root, plan.cpuidle_root, plan.pin_dir),
+        *cpu_accounting_toml(plan.cgroup),
+        "",
+    ])
+
+
+def guard_toml(enabled: bool) -> list[str]:
+    """The agent's latency guard (`[guard]`) as the lab runs it, on the edges and the core."""
+    return [
         "[guard]",
-        f"enabled = {on}",
+        f"enabled = {'true' if enabled else 'false'}",
         # act at half a protected flow's SLO (10 ms of 20 ms), release below 5 % (1 ms). Not the
         # agent's default quarter (5 ms): a GeForce Now frame is ~57 packets sent back to back,
         # which take ~5.5 ms to drain through the lab's 100 Mbit/s, so the flow's own frames
@@ -268,10 +278,7 @@ def agent_toml(
         # sanctions are aggregated per flow over this interval: a finer one than the default
         # 100 ms, so the abuser's time to its first sanction is known within 20 ms
         "audit_interval_ms = 20",
-        *power_toml(plan.cpufreq_root, plan.cpuidle_root, plan.pin_dir),
-        *cpu_accounting_toml(plan.cgroup),
-        "",
-    ])
+    ]
 
 
 def cpu_accounting_toml(cgroup: Path | None) -> list[str]:
