@@ -95,7 +95,7 @@ REQUIRED = ("set_power_policy", "onos_flow_rule", "set_class_rate")
 # (cgloop.policy.capacity) and the policy's own (each trial's fresh sessions are placed once
 # each, and the placement policy's hold time keeps a node from taking one chain after another).
 GUARD_WORDS = ("guard overload", "guard admission", "do not fit", "re-planned", "guard hold_time",
-               "guard in_flight")
+               "guard budget", "guard in_flight")
 
 ECT1_PORT = Ect1Spec().port  # the abuser's port unless the scenario names one
 

@@ -89,6 +89,13 @@ def slo_values(latency_slo_ms: float) -> dict[str, str]:
     }
 
 
+# The engine's global budget of changes per minute in the loop (the engine's default is 20): a
+# lab trial every ~19 s brings fresh gaming sessions, each protected on its edge and on the core
+# and placed once, besides the fault's own levers: about 30 changes a minute, which the
+# default would cut short mid-trial (the joining session's placement refused by "guard budget").
+ENGINE_BUDGET_PER_MIN = 60
+
+
 def policy_values(plan: EdgePlan) -> dict[str, str]:
     """What the edge template's placeholders become for this edge: its node and bottleneck
     interface, and the gaming latency objective it defends (the SLO table's, cgloop.slo)."""
@@ -570,6 +577,7 @@ class ClosedLoop:
             "--journal", str(self.loop_dir / "policy-journal.jsonl"),
             "--group", policy_group,
             "--source-id", self.policy_source,
+            "--budget", str(ENGINE_BUDGET_PER_MIN),
             *(() if self.options.node_facts else ("--no-node-facts",)),
         ], env=env)
         s.wait_for(policy, group_ready(self.settings.bootstrap_servers, policy_group), 90)
