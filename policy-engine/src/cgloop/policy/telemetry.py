@@ -157,7 +157,9 @@ class WindowStore:
         """Whose probes measure the action: those to either endpoint of its flow; without a
         flow (a chain, a queue, a node), those of the node it changed, or of the node its
         interface leads to (the lab names an interface after the node at its other end: the
-        core's `edge1` leads to edge1, whose probes cross it), else every probe."""
+        core's `edge1` leads to edge1), else every probe. The last is a proxy: edge1's probes
+        measure the path beyond edge1 to its clients, not the core's queue towards edge1 (the
+        lab's core runs no probes of its own)."""
         flow = action.target.flow
         if flow.src_addr or flow.dst_addr:
             addrs = {addr_text(flow.dst_addr), addr_text(flow.src_addr)}
