@@ -302,11 +302,12 @@ def test_closed_loop_end_to_end(loop_stack: Settings, tmp_path: Path) -> None:
     # protection above is the lever.)
     # (the engine's move of a flow on the other edge, on a latency breach of the loaded
     # machine's own making during the trial, is not the fault's and not judged here; nor a move
-    # in a trial whose gaming p99 never crossed the SLO: there was nothing it could improve)
+    # in a trial whose gaming p99 never crossed the SLO, or one the node's micro loop had acted
+    # on first (CI: sanctions at 37 ms, the engine's move at 3.5 s found nothing left to improve))
     wrong = [
         (f.kind, f.action, f.verdict) for f in (congestion, abuse)
-        if f.affected and f.action is not None and f.action.startswith("reprioritise_flow")
-        and f.node == LEVERS[f.kind][1]
+        if f.affected and f.first_level != "node" and f.action is not None
+        and f.action.startswith("reprioritise_flow") and f.node == LEVERS[f.kind][1]
         and not refused_after_the_node(f) and f.verdict != expected_verdict(f.kind, f.action)
     ]
     assert not wrong, f"verdicts {wrong}, expected {EXPECTED_VERDICT} (gaps {KNOWN_GAPS}); " + (
