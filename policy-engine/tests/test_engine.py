@@ -432,7 +432,7 @@ def test_a_decision_held_by_an_action_in_flight_is_decided_once_it_ends(
     store.ingest_probes(probes(t0 - 2_000 * MS, t0, rtt_ns=45 * MS))
     events = engine.handle(dpb.DetectionBatch(records=[detection(t0)]))
     assert states(events) == ["action:PROPOSED", "APPLIED"]  # the second is parked, no record
-    assert engine.stats.parked == 1 and engine.stats.refused == 0 and engine.busy
+    assert engine.stats.parked == 1 and engine.stats.refused == 0 and len(engine._parked) == 1
     applied_ns = events[1].result.applied_ns
     store.ingest_probes(probes(applied_ns, applied_ns + 2_000 * MS, rtt_ns=12 * MS))
     clock.now_ns = applied_ns + 2_000 * MS
@@ -441,7 +441,7 @@ def test_a_decision_held_by_an_action_in_flight_is_decided_once_it_ends(
     assert states(events) == ["VERIFIED", "action:PROPOSED", "APPLIED"], states(events)
     assert events[1].action.policy_id == "gaming-ef"
     assert [c for c, _ in agent.agent.calls] == ["SetFlowClass", "SetFlowClass"]
-    assert not engine.busy
+    assert not engine._parked
 
 
 def test_a_parked_decision_is_refused_when_the_target_stays_busy(agent: AgentServer) -> None:

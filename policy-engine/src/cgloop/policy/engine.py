@@ -216,9 +216,10 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        """Events wait for the journal, applies are in flight or decisions parked: poll
-        again soon."""
-        return bool(self._outbox or self._inflight or self._parked)
+        """Events wait for the journal or applies are in flight: poll again soon. (Parked
+        decisions wait for an action's verification, seconds away: the service's regular
+        tick every poll interval takes them up, without a millisecond poll loop meanwhile.)"""
+        return bool(self._outbox or self._inflight)
 
     # --- decision -------------------------------------------------------------------------
 
