@@ -8,7 +8,9 @@
  *   cgl_cpu_switch  tp_btf at sched_switch: the slice that ends on this CPU is added to its
  *                   busy time when the task that ran it was under the node's cgroup; whether
  *                   the next task is, is kept for the next switch (and for the reader, which
- *                   adds the slice still running).
+ *                   adds the slice still running). "Under" is the kernel's own descendant test
+ *                   (cgroup_is_descendant): the task's cgroup v2 ancestor at the node's level
+ *                   is the node's cgroup. A few loads per switch, no lookup or reference.
  *
  * A slice is charged to the task that was current, interrupts and softirqs it served included
  * (the kernel's own tick accounting does the same without CONFIG_IRQ_TIME_ACCOUNTING).
@@ -16,11 +18,14 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* The node's cgroup v2 id (the kernfs inode of its directory), set by the agent before load. */
+/* The node's cgroup v2 id (the kernfs inode of its directory) and its level (0: the root),
+ * set by the agent before load. */
 const volatile __u64 node_cgroup_id = 0;
+const volatile __u32 node_cgroup_level = 0;
 
 struct cpu_acct {
 	__u64 busy_ns;	/* time this CPU ran the node's tasks, slices ended so far */
@@ -38,14 +43,27 @@ struct {
 	__type(value, struct cpu_acct);
 } cpu_acct SEC(".maps");
 
-extern struct cgroup *bpf_cgroup_from_id(u64 cgid) __ksym;
-extern void bpf_cgroup_release(struct cgroup *cgrp) __ksym;
-extern bool bpf_task_under_cgroup(struct task_struct *task, struct cgroup *ancestor) __ksym;
+/* Whether `t` runs under the node's cgroup: its default-hierarchy cgroup's ancestor at the
+ * node's level is the node's (the kernel's cgroup_is_descendant). */
+static __always_inline int under_node(struct task_struct *t)
+{
+	struct cgroup *cg, *at;
+	int level;
+
+	cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
+	if (!cg)
+		return 0;
+	level = BPF_CORE_READ(cg, level);
+	if (level < (int)node_cgroup_level || node_cgroup_level > 255)
+		return 0;
+	at = NULL;
+	bpf_core_read(&at, sizeof(at), &cg->ancestors[node_cgroup_level]);
+	return at && BPF_CORE_READ(at, kn, id) == node_cgroup_id;
+}
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(cgl_cpu_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	struct cgroup *node;
 	struct cpu_acct *a;
 	__u32 zero = 0;
 	__u64 now;
@@ -57,13 +75,7 @@ int BPF_PROG(cgl_cpu_switch, bool preempt, struct task_struct *prev, struct task
 	if (a->in_node && a->since_ns && now > a->since_ns)
 		a->busy_ns += now - a->since_ns;
 	a->since_ns = now;
-	a->in_node = 0;
-	if (!next || !next->pid)	/* the idle task belongs to no node */
-		return 0;
-	node = bpf_cgroup_from_id(node_cgroup_id);
-	if (!node)			/* the cgroup is gone: nothing of the node runs */
-		return 0;
-	a->in_node = bpf_task_under_cgroup(next, node) ? 1 : 0;
-	bpf_cgroup_release(node);
+	/* the idle task belongs to no node */
+	a->in_node = next && next->pid && under_node(next) ? 1 : 0;
 	return 0;
 }

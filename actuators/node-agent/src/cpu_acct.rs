@@ -48,6 +48,22 @@ pub fn cgroup_id(dir: &Path) -> Result<u64> {
     Ok(meta.ino())
 }
 
+/// The cgroup's level in its hierarchy (0: the root), from the cgroup v2 mounts (`/proc/self/
+/// mounts`'s text): the path components below the deepest cgroup2 mount that contains it.
+pub fn cgroup_level(dir: &Path, mounts: &str) -> Result<u32> {
+    let dir = dir.canonicalize().with_context(|| format!("cgroup {}", dir.display()))?;
+    let mount = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .filter(|m| dir.starts_with(m))
+        .max_by_key(|m| m.components().count())
+        .with_context(|| format!("cgroup {}: under no cgroup2 mount", dir.display()))?;
+    Ok((dir.components().count() - mount.components().count()) as u32)
+}
+
 /// Decodes one CPU's `struct cpu_acct` (bpf/cpu_acct.bpf.c) into busy ns up to `now_ns`, the
 /// slice still running included when its task is the node's.
 pub fn busy_until(value: &[u8], now_ns: u64) -> Result<u64> {
@@ -72,16 +88,20 @@ impl CgroupCpu {
     /// Loads and attaches the accounting for the tasks under `cgroup` (a cgroup v2 directory).
     pub fn attach(cgroup: &Path) -> Result<Self> {
         let id = cgroup_id(cgroup)?;
+        let mounts = std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+        let level = cgroup_level(cgroup, &mounts)?;
         let cpus: Vec<u32> = crate::nodes::ProcStat.read()?.into_keys().collect();
         let mut storage = MaybeUninit::uninit();
         let mut open = skel::CpuAcctSkelBuilder::default()
             .open(&mut storage)
             .context("opening the CPU accounting BPF object")?;
-        open.maps.rodata_data.as_deref_mut().context("the object has no .rodata")?.node_cgroup_id = id;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the object has no .rodata")?;
+        rodata.node_cgroup_id = id;
+        rodata.node_cgroup_level = level;
         let skel = open.load().context("loading the CPU accounting program (verifier or permissions)")?;
         let link = skel.progs.cgl_cpu_switch.attach().context("attaching tp_btf/sched_switch")?;
         let map = MapHandle::try_from(&skel.maps.cpu_acct).context("dup fd of map cpu_acct")?;
-        tracing::info!("per-node CPU accounting: tasks under cgroup {} (id {id})", cgroup.display());
+        tracing::info!("per-node CPU accounting: tasks under cgroup {} (id {id}, level {level})", cgroup.display());
         Ok(Self { cgroup: cgroup.to_path_buf(), map, cpus, _link: link })
     }
 }
@@ -122,6 +142,19 @@ mod tests {
         assert_eq!(busy_until(&value(100, 0, 1), 1_500).unwrap(), 100, "no switch seen yet");
         assert_eq!(busy_until(&value(100, 2_000, 1), 1_500).unwrap(), 100, "read before the switch's stamp");
         assert!(busy_until(&[0; 8], 1).unwrap_err().to_string().contains("8 bytes"));
+    }
+
+    #[test]
+    fn a_cgroups_level_counts_from_its_mount() {
+        let tmp = std::env::temp_dir().join(format!("cgl-level-{}", std::process::id()));
+        std::fs::create_dir_all(tmp.join("lab/edge1")).unwrap();
+        let root = tmp.canonicalize().unwrap();
+        let mounts = format!("cgroup2 {} cgroup2 rw 0 0\ntmpfs /run tmpfs rw 0 0\n", root.display());
+        assert_eq!(cgroup_level(&tmp, &mounts).unwrap(), 0, "the mount is the root cgroup");
+        assert_eq!(cgroup_level(&tmp.join("lab/edge1"), &mounts).unwrap(), 2);
+        let err = cgroup_level(&tmp.join("lab"), "tmpfs /run tmpfs rw 0 0\n").unwrap_err().to_string();
+        assert!(err.contains("under no cgroup2 mount"), "{err}");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]
