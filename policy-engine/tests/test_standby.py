@@ -24,25 +24,19 @@ from cgloop.policy.testing import (
     flow,
     node_flow_move,
     probes,
+    reprioritise_policy,
 )
 from cgloop.v1 import action_pb2 as apb
 from cgloop.v1 import detection_pb2 as dpb
 
 MS = 1_000_000
 
-POLICY = """
-id: gaming
-match: {kinds: [slo_latency], severity_at_least: major, subject: flow}
-action:
-  operation: reprioritise_flow
-  target: {node_id: "{label:node_id}", interface_name: "{label:interface}"}
-  parameters: {class_id: 0x10010, rewrite_dscp: 46}
-  deadline: 5s
-  expect: {metric: probe.p99_rtt_ns, comparator: less_than, value: 30000000, within: 2s}
-  rollback_on: [worse]
-guards:
-  hold_time: 10s
-"""
+# The engine's gaming policy: a move verified against the probes, rolled back if worse.
+POLICY = reprioritise_policy(
+    severity="major", guards="{hold_time: 10s}",
+    action="deadline: 5s, rollback_on: [worse], expect: {metric: probe.p99_rtt_ns, "
+    "comparator: less_than, value: 30000000, within: 2s}",
+)
 
 
 def policy(text: str = POLICY) -> model.Policy:

@@ -195,15 +195,20 @@ def reprioritise_policy(
     class_id: int = 0x10010,
     dscp: int = 46,
     guards: str = "{hold_time: 0s}",
+    severity: str | None = None,
+    action: str = "",
 ) -> str:
-    """A reprioritise_flow policy on the node and interface the detection labels name."""
+    """A reprioritise_flow policy on the node and interface the detection labels name;
+    `severity` its match's severity_at_least, `action` more keys of its action (YAML flow
+    mappings, e.g. "deadline: 5s, rollback_on: [worse]")."""
+    at_least = f", severity_at_least: {severity}" if severity else ""
+    more = f", {action}" if action else ""
     return f"""
 id: {policy_id}
-match: {{kinds: [{kind}], subject: flow}}
-action:
-  operation: reprioritise_flow
-  target: {{node_id: "{{label:node_id}}", interface_name: "{{label:interface}}"}}
-  parameters: {{class_id: {class_id:#x}, rewrite_dscp: {dscp}}}
+match: {{kinds: [{kind}]{at_least}, subject: flow}}
+action: {{operation: reprioritise_flow,
+  target: {{node_id: "{{label:node_id}}", interface_name: "{{label:interface}}"}},
+  parameters: {{class_id: {class_id:#x}, rewrite_dscp: {dscp}}}{more}}}
 guards: {guards}
 """
 
