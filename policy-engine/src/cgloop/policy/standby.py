@@ -118,7 +118,6 @@ class Lease:
         self._confirmed_at: float | None = None
         self.acquired_at: float | None = None  # when partition 0 was assigned (`clock`)
         self.terms = 0  # how many times this engine took the lease
-        ms = int(session_timeout_s * 1000)
         self._consumer = Consumer(
             client_config(
                 bootstrap,
@@ -128,8 +127,7 @@ class Lease:
                     "enable.auto.commit": False,
                     "auto.offset.reset": "latest",
                     "partition.assignment.strategy": "cooperative-sticky",
-                    "session.timeout.ms": ms,
-                    "heartbeat.interval.ms": max(100, ms // 5),
+                    **self.group_config(),
                     **(config or {}),
                 },
             )
