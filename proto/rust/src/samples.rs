@@ -270,11 +270,14 @@ pub fn sample_node_sample_batch() -> NodeSampleBatch {
         ],
         functions: vec![
             function("router", 0, 1_000_000),
-            // The second instance of a user-space function, with its load and ring losses.
+            // The second instance of a user-space function, with its load, ring losses and a
+            // stall.
             FunctionCounters {
                 instance: 1,
                 busy_ratio: Some(0.625),
                 rx_dropped: 12,
+                rx_waiting: 40,
+                stalled_ns: 75_000_000,
                 ..function("nat", 1, 999_000)
             },
         ],

@@ -226,9 +226,10 @@ def sample_node_sample_batch() -> node_pb2.NodeSampleBatch:
             last_packet_ns=T0_NS + 3_000_000 + core,
         )
 
-    # The second instance of a user-space function, with its load and ring losses.
+    # The second instance of a user-space function, with its load, ring losses and a stall.
     second_instance = function("nat", 1, 999_000)
     second_instance.instance, second_instance.busy_ratio, second_instance.rx_dropped = 1, 0.625, 12
+    second_instance.rx_waiting, second_instance.stalled_ns = 40, 75_000_000
     sample = node_pb2.NodeSample(
         header=_header("node-a/agent", 11, T0_NS + 5_000_000),
         node_id="node-a",
