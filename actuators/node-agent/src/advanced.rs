@@ -25,11 +25,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::afxdp::Xsk;
+use crate::afxdp::{RxView, Xsk};
 use crate::datapath::{Datapath, MAX_ADV_INSTANCES};
 use crate::netif::ifindex;
 use crate::payload::{Counters, PayloadFn, Verdict};
@@ -73,6 +73,21 @@ pub struct WorkerStats {
     pub untagged: AtomicU64,
     /// Time spent processing frames (from the first frame of a batch to its send), ns.
     pub busy_ns: AtomicU64,
+    /// The worker's last progress (CLOCK_MONOTONIC ns): the end of its last batch taken from
+    /// the ring, or its last look at an empty ring. A worker that cannot run leaves it behind.
+    pub progress_ns: AtomicU64,
+}
+
+/// Longest a worker sleeps in poll(2) between two looks at an empty ring, ms. It bounds the
+/// `stalled_ns` a worker that keeps up can read (frames that arrive while it sleeps wake it at
+/// once; its last progress is then at most this old), well below the analytics' 50 ms stall
+/// threshold, for about 100 wake-ups a second of an idle worker.
+pub const PARK_MS: i32 = 10;
+
+/// How long a worker has made no progress while frames wait: `now - progress` when `waiting`
+/// > 0, else 0 (a worker with an empty ring is not stalled, however long it sleeps).
+pub fn stalled_ns(waiting: u32, progress_ns: u64, now_ns: u64) -> u64 {
+    if waiting == 0 { 0 } else { now_ns.saturating_sub(progress_ns) }
 }
 
 type Table = Arc<RwLock<HashMap<u32, Arc<AdvChain>>>>;
@@ -90,6 +105,8 @@ struct Instance {
     core: u32,
     /// A dup of the socket, for its statistics.
     xsk_fd: OwnedFd,
+    /// Its RX ring, read-only: frames waiting for the worker.
+    rx: RxView,
 }
 
 impl Drop for Instance {
@@ -114,6 +131,10 @@ pub struct WorkerReading {
     /// When it was read (CLOCK_MONOTONIC, ns).
     pub at_ns: u64,
     pub rx_dropped: u64,
+    /// Frames in the RX ring the worker has not taken yet.
+    pub rx_waiting: u32,
+    /// How long the worker has made no progress while frames wait ([`stalled_ns`]).
+    pub stalled_ns: u64,
     /// Per advanced function name of the slots asked for: (packets, dropped) on this instance.
     pub functions: Vec<(String, u64, u64)>,
 }
@@ -298,17 +319,18 @@ impl Advanced {
             dp.attach_adv_port(port, peer)?;
             let xsk = Xsk::bind(peer, 0).with_context(|| format!("AF_XDP socket on {peer_name}"))?;
             let xsk_fd = xsk.dup_fd().context("dup of the AF_XDP socket")?;
+            let rx = RxView::map(xsk.fd()).with_context(|| format!("AF_XDP socket on {peer_name}"))?;
             dp.set_adv_instance(i as u32, port, peer, xsk.fd())?;
-            Ok::<_, anyhow::Error>((peer, xsk, xsk_fd))
+            Ok::<_, anyhow::Error>((peer, xsk, xsk_fd, rx))
         })();
-        let (peer, xsk, xsk_fd) = match made {
+        let (peer, xsk, xsk_fd, rx) = match made {
             Ok(m) => m,
             Err(e) => {
                 let _ = rtnl.delete_link(port);
                 return Err(e);
             }
         };
-        let stats = Arc::new(WorkerStats::default());
+        let stats = Arc::new(WorkerStats { progress_ns: AtomicU64::new(now_monotonic_ns()), ..Default::default() });
         let stop = Arc::new(AtomicBool::new(false));
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let worker = {
@@ -334,7 +356,7 @@ impl Advanced {
                 .context("starting an AF_XDP worker")?
         };
         let tid = tid_rx.recv().context("the AF_XDP worker did not start")?;
-        self.instances.push(Instance { port, peer, stats, stop, worker: Some(worker), tid, core: 0, xsk_fd });
+        self.instances.push(Instance { port, peer, stats, stop, worker: Some(worker), tid, core: 0, xsk_fd, rx });
         Ok(())
     }
 
@@ -370,12 +392,19 @@ impl Advanced {
                     tracing::warn!("AF_XDP instance {i}: {e}");
                     0
                 });
+                // The ring before the worker's progress: a worker that takes the frames in
+                // between has its older progress counted up to then, never a newer one.
+                let rx_waiting = inst.rx.waiting();
+                let progress_ns = inst.stats.progress_ns.load(Ordering::Relaxed);
+                let at_ns = now_monotonic_ns();
                 WorkerReading {
                     instance: i as u32,
                     core: inst.core,
                     busy_ns: inst.stats.busy_ns.load(Ordering::Relaxed),
-                    at_ns: now_monotonic_ns(),
+                    at_ns,
                     rx_dropped,
+                    rx_waiting,
+                    stalled_ns: stalled_ns(rx_waiting, progress_ns, at_ns),
                     functions,
                 }
             })
@@ -398,12 +427,18 @@ fn worker(
     stop: Arc<AtomicBool>,
     spin: Duration,
 ) {
-    let mut last = Instant::now();
+    let spin_ns = spin.as_nanos() as u64;
+    let mut last = now_monotonic_ns();
     while !stop.load(Ordering::Relaxed) {
-        let spinning = !spin.is_zero() && last.elapsed() < spin;
-        match xsk.wait(if spinning { 0 } else { 100 }) {
+        let t = now_monotonic_ns();
+        let spinning = spin_ns > 0 && t.saturating_sub(last) < spin_ns;
+        match xsk.wait(if spinning { 0 } else { PARK_MS }) {
             Ok(true) => {}
             Ok(false) => {
+                // The ring was empty after `t` (after the sleep when not spinning): the worker
+                // has kept up until then. One relaxed store per loop.
+                let seen = if spinning { t } else { now_monotonic_ns() };
+                stats.progress_ns.store(seen, Ordering::Relaxed);
                 if spinning {
                     std::hint::spin_loop();
                 }
@@ -415,14 +450,14 @@ fn worker(
                 continue;
             }
         }
-        let began = Instant::now();
-        let t = table.read().unwrap_or_else(|p| p.into_inner());
+        let began = now_monotonic_ns();
+        let table_now = table.read().unwrap_or_else(|p| p.into_inner());
         let result = xsk.process(64, |frame| {
             let Some((slot, _)) = tag_of(frame) else {
                 stats.untagged.fetch_add(1, Ordering::Relaxed);
                 return None;
             };
-            let Some(chain) = t.get(&slot) else {
+            let Some(chain) = table_now.get(&slot) else {
                 stats.untagged.fetch_add(1, Ordering::Relaxed);
                 return None;
             };
@@ -432,17 +467,33 @@ fn worker(
             }
             out
         });
-        drop(t);
+        drop(table_now);
+        let done = now_monotonic_ns();
         match result {
             Ok((rx, tx)) => {
                 stats.rx.fetch_add(rx as u64, Ordering::Relaxed);
                 stats.tx.fetch_add(tx as u64, Ordering::Relaxed);
                 if rx > 0 {
-                    stats.busy_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    stats.busy_ns.fetch_add(done.saturating_sub(began), Ordering::Relaxed);
+                    // A batch taken: progress, even when frames still wait behind it (a slow
+                    // worker is overloaded, which busy_ns shows, not stalled).
+                    stats.progress_ns.store(done, Ordering::Relaxed);
                 }
             }
             Err(e) => tracing::warn!("AF_XDP: {e}"),
         }
-        last = Instant::now();
+        last = done;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_is_stalled_only_while_frames_wait() {
+        assert_eq!(stalled_ns(0, 1_000, 900_000_000), 0, "an empty ring: idle, not stalled");
+        assert_eq!(stalled_ns(3, 100_000_000, 175_000_000), 75_000_000);
+        assert_eq!(stalled_ns(1, 200, 100), 0, "progress after the reading's clock: none");
     }
 }

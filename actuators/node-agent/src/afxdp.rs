@@ -33,15 +33,15 @@ struct Ring {
 }
 
 impl Ring {
-    /// Maps one ring of `elem`-byte entries at page offset `pgoff`.
-    fn map(fd: i32, off: &libc::xdp_ring_offset, elem: usize, pgoff: u64) -> io::Result<Self> {
+    /// Maps one ring of `elem`-byte entries at page offset `pgoff` with protection `prot`.
+    fn map(fd: i32, off: &libc::xdp_ring_offset, elem: usize, pgoff: u64, prot: libc::c_int) -> io::Result<Self> {
         let map_len = off.desc as usize + RING_SIZE as usize * elem;
         // SAFETY: mapping a region the kernel created for this socket (setsockopt *_RING).
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 fd,
                 pgoff as libc::off_t,
@@ -137,6 +137,18 @@ fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
     Ok(())
 }
 
+fn mmap_offsets(fd: i32) -> io::Result<libc::xdp_mmap_offsets> {
+    // SAFETY: zeroed is a valid xdp_mmap_offsets; the kernel fills it.
+    let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+    let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+    // SAFETY: off/optlen valid for writing.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, (&mut off as *mut libc::xdp_mmap_offsets).cast(), &mut optlen)
+    };
+    check(rc, "XDP_MMAP_OFFSETS")?;
+    Ok(off)
+}
+
 fn setopt<T>(fd: i32, opt: libc::c_int, v: &T, what: &str) -> io::Result<()> {
     // SAFETY: v is a valid T for the duration of the call.
     let rc = unsafe {
@@ -187,19 +199,12 @@ impl Xsk {
         ] {
             setopt(raw, opt, &RING_SIZE, what)?;
         }
-        // SAFETY: zeroed is a valid xdp_mmap_offsets; the kernel fills it.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-        // SAFETY: off/optlen valid for writing.
-        let rc = unsafe {
-            libc::getsockopt(raw, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, (&mut off as *mut libc::xdp_mmap_offsets).cast(), &mut optlen)
-        };
-        check(rc, "XDP_MMAP_OFFSETS")?;
-        let desc = std::mem::size_of::<libc::xdp_desc>();
-        let fill = Ring::map(raw, &off.fr, 8, libc::XDP_UMEM_PGOFF_FILL_RING)?;
-        let comp = Ring::map(raw, &off.cr, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
-        let rx = Ring::map(raw, &off.rx, desc, libc::XDP_PGOFF_RX_RING as u64)?;
-        let tx = Ring::map(raw, &off.tx, desc, libc::XDP_PGOFF_TX_RING as u64)?;
+        let off = mmap_offsets(raw)?;
+        let (desc, rw) = (std::mem::size_of::<libc::xdp_desc>(), libc::PROT_READ | libc::PROT_WRITE);
+        let fill = Ring::map(raw, &off.fr, 8, libc::XDP_UMEM_PGOFF_FILL_RING, rw)?;
+        let comp = Ring::map(raw, &off.cr, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING, rw)?;
+        let rx = Ring::map(raw, &off.rx, desc, libc::XDP_PGOFF_RX_RING as u64, rw)?;
+        let tx = Ring::map(raw, &off.tx, desc, libc::XDP_PGOFF_TX_RING as u64, rw)?;
         let sa = libc::sockaddr_xdp {
             sxdp_family: libc::AF_XDP as u16,
             sxdp_flags: libc::XDP_COPY,
@@ -277,7 +282,7 @@ impl Xsk {
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
+                return Ok(self.rx.ready() > 0);
             }
             return Err(e);
         }
@@ -358,6 +363,48 @@ pub fn rx_dropped(fd: i32) -> io::Result<u64> {
     Ok(st.rx_dropped + st.rx_ring_full)
 }
 
+/// A read-only second mapping of a socket's RX ring, for another thread than its worker: how
+/// many frames wait in it (the worker owns the ring and never reads this view).
+///
+/// Why a second mapping rather than a share of the worker's: the ring's memory lives as long
+/// as a mapping of it (the mapping holds the socket's file), so the view stays valid whatever
+/// the worker does, and read-only pages make "the sampler never moves an index" the MMU's
+/// business.
+pub struct RxView {
+    ring: Ring,
+}
+
+// SAFETY: the view only loads the ring's two indices atomically from a mapping it owns; the
+// kernel (producer) and the worker (consumer) write them, never through this view.
+unsafe impl Send for RxView {}
+// SAFETY: as above: `waiting` takes &self and does atomic loads only.
+unsafe impl Sync for RxView {}
+
+impl RxView {
+    /// Maps the RX ring of the AF_XDP socket `fd` (bound, its RX ring set up) read-only.
+    pub fn map(fd: i32) -> io::Result<Self> {
+        let off = mmap_offsets(fd)?;
+        let desc = std::mem::size_of::<libc::xdp_desc>();
+        let ring = Ring::map(fd, &off.rx, desc, libc::XDP_PGOFF_RX_RING as u64, libc::PROT_READ)
+            .map_err(|e| io::Error::new(e.kind(), format!("read-only mapping of the RX ring: {e}")))?;
+        Ok(Self { ring })
+    }
+
+    /// Frames the kernel has put in the ring that the worker has not taken yet.
+    pub fn waiting(&self) -> u32 {
+        // The consumer first: both indices only grow, so a producer read after it is at least
+        // as far, and the difference is never negative (capped at the ring's size).
+        let cons = self.ring.cons().load(Ordering::Acquire);
+        let prod = self.ring.prod().load(Ordering::Acquire);
+        waiting(prod, cons, self.ring.size)
+    }
+}
+
+/// Entries between a ring's consumer and producer indices (free-running u32), at most `size`.
+pub fn waiting(prod: u32, cons: u32, size: u32) -> u32 {
+    prod.wrapping_sub(cons).min(size)
+}
+
 struct UmemGuard(*mut u8, usize);
 
 impl Drop for UmemGuard {
@@ -372,5 +419,18 @@ impl Drop for Xsk {
         // Rings unmap themselves; the socket closes with `fd`; then the UMEM.
         // SAFETY: the UMEM mapping is ours and no ring refers to it after the socket closes.
         unsafe { libc::munmap(self.umem.cast(), self.umem_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiting;
+
+    #[test]
+    fn waiting_frames_are_the_index_difference_across_the_wrap_capped_at_the_ring() {
+        assert_eq!(waiting(10, 10, 2048), 0);
+        assert_eq!(waiting(15, 10, 2048), 5);
+        assert_eq!(waiting(3, u32::MAX - 1, 2048), 5, "the producer wrapped");
+        assert_eq!(waiting(5000, 10, 2048), 2048, "a consumer read long before the producer");
     }
 }

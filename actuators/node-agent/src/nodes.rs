@@ -4,8 +4,9 @@
 //! (utilization = busy share of the interval), the cpufreq/cpuidle state of the cores where the
 //! node has them, and the packet counters of every chain function (BPF and AF_XDP) from its own
 //! state: a BPF function once, an advanced (AF_XDP) function once per instance, with the
-//! share of the interval its worker spent processing frames (`busy_ratio`) and the frames its
-//! socket lost to a full ring (`rx_dropped`). The analytics overload detector reads
+//! share of the interval its worker spent processing frames (`busy_ratio`), the frames its
+//! socket lost to a full ring (`rx_dropped`), the frames waiting in its ring (`rx_waiting`) and
+//! how long its worker has made no progress while they wait (`stalled_ns`). The analytics overload detector reads
 //! `cores[].utilization` and `functions[].packets`.
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -96,7 +97,8 @@ pub type BusyHistory = BTreeMap<u32, (u64, u64)>;
 
 /// Chain functions of a node state as counters, summed per function name (the detector's
 /// capacities are per name); an advanced function the workers report appears once per
-/// instance instead (instance, core, busy_ratio since the previous call, rx_dropped).
+/// instance instead (instance, core, busy_ratio since the previous call, rx_dropped,
+/// rx_waiting, stalled_ns).
 pub fn functions(state: &NodeState, workers: &[WorkerReading], history: &mut BusyHistory) -> Vec<FunctionCounters> {
     let per_instance: Vec<&str> =
         workers.iter().flat_map(|w| w.functions.iter().map(|(n, _, _)| n.as_str())).collect();
@@ -125,6 +127,8 @@ pub fn functions(state: &NodeState, workers: &[WorkerReading], history: &mut Bus
                 instance: w.instance,
                 busy_ratio: ratio,
                 rx_dropped: w.rx_dropped,
+                rx_waiting: w.rx_waiting,
+                stalled_ns: w.stalled_ns,
                 ..Default::default()
             });
             e.packets += packets;
@@ -350,6 +354,8 @@ mod tests {
             busy_ns,
             at_ns,
             rx_dropped: 7 * instance as u64,
+            rx_waiting: 5 * instance,
+            stalled_ns: 60_000_000 * instance as u64,
             functions: vec![("dpi".into(), packets, dropped)],
         };
         let mut history = BusyHistory::new();
@@ -357,6 +363,9 @@ mod tests {
         let names: Vec<(&str, u32)> = first.iter().map(|c| (c.function_name.as_str(), c.instance)).collect();
         assert_eq!(names, [("dpi", 0), ("dpi", 1), ("mark", 0)]);
         assert_eq!((first[1].packets, first[1].forwarded_packets, first[1].core, first[1].rx_dropped), (20, 18, 1, 7));
+        assert_eq!((first[1].rx_waiting, first[1].stalled_ns), (5, 60_000_000), "the worker's stall");
+        assert_eq!((first[0].rx_waiting, first[0].stalled_ns), (0, 0));
+        assert_eq!((first[2].rx_waiting, first[2].stalled_ns), (0, 0), "BPF functions have none");
         assert_eq!(first[0].busy_ratio, None, "no interval yet");
         assert_eq!(first[2].busy_ratio, None, "BPF functions have none");
         let second = functions(&state, &[w(0, 0, 600, 2_000, 15, 1), w(1, 1, 250, 2_000, 40, 2)], &mut history);

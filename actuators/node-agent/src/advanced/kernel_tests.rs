@@ -1,11 +1,15 @@
 //! The AF_XDP runtime against the real kernel, in a private network namespace: instances
 //! pinned and unpinned, a failed scale-out undone, and a worker's load in its counters (the
-//! busy share follows the traffic; a CPU hog on its core shows as frames lost to a full ring).
-//! Needs root and two online CPUs; prints "skipped: …" otherwise.
+//! busy share follows the traffic; a CPU hog on its core shows as frames lost to a full ring,
+//! and, before that, as a stall with frames waiting).
+//! Needs root and two online CPUs; prints "skipped: …" otherwise. The tests hog a core and
+//! time what follows, so they run one at a time.
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AdvChain, AdvFn, Advanced, WorkerReading};
+use super::{AdvChain, AdvFn, Advanced, PARK_MS, WorkerReading};
 use crate::datapath::Datapath;
 use crate::netif::ifindex;
 use crate::nodes::busy_ratio;
@@ -14,6 +18,65 @@ use cgloop_proto::v1::{Dpi, dpi};
 
 const PORT: &str = "cgltest0";
 const SLOT: u32 = 3;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Root and two online CPUs (this thread's and the worker's), or None after saying why not.
+fn root_and_two_cpus() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root");
+        return None;
+    }
+    let cpus = crate::bounds::online_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two online CPUs");
+        return None;
+    }
+    Some((cpus[0], cpus[cpus.len() - 1]))
+}
+
+/// Runs `f` on a thread of its own in a private network namespace.
+fn in_namespace(f: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        // SAFETY: plain syscall; affects this thread (and what it spawns) only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare(CLONE_NEWNET)");
+        f();
+    })
+    .join()
+    .expect("the namespace thread");
+}
+
+fn dpi() -> Function {
+    Function::Dpi(Dpi {
+        pattern: Some(dpi::Pattern::Text("GAME".into())),
+        depth: None,
+        on_match: Some(dpi::OnMatch::MarkDscp(46)),
+    })
+}
+
+/// A SCHED_FIFO thread at `priority` spinning on `core` for `for_`; returns once it spins.
+fn hog(core: u32, priority: i32, for_: Duration) -> std::thread::JoinHandle<()> {
+    let spinning = Arc::new(AtomicBool::new(false));
+    let flag = spinning.clone();
+    let hog = std::thread::spawn(move || {
+        pin_this_thread(core);
+        let param = libc::sched_param { sched_priority: priority };
+        // SAFETY: plain syscall on this thread.
+        assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) }, 0);
+        flag.store(true, Ordering::Release);
+        let end = Instant::now() + for_;
+        while Instant::now() < end {
+            std::hint::spin_loop();
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !spinning.load(Ordering::Acquire) {
+        assert!(Instant::now() < deadline, "the hog did not start");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    hog
+}
 
 fn allowed_cpus(tid: libc::pid_t) -> String {
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
@@ -94,22 +157,9 @@ fn settle(adv: &Advanced, n: u64) -> WorkerReading {
 
 #[test]
 fn instances_are_pinned_a_failed_scale_out_is_undone_and_a_hog_shows_in_the_counters() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    let cpus = crate::bounds::online_cpus();
-    if cpus.len() < 2 {
-        eprintln!("skipped: needs two online CPUs");
-        return;
-    }
-    std::thread::spawn(move || {
-        // SAFETY: plain syscall; affects this thread (and what it spawns) only.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare(CLONE_NEWNET)");
-        run_in_namespace(cpus[0], cpus[cpus.len() - 1]);
-    })
-    .join()
-    .expect("the namespace thread");
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((here, core)) = root_and_two_cpus() else { return };
+    in_namespace(move || run_in_namespace(here, core));
 }
 
 fn run_in_namespace(here: u32, core: u32) {
@@ -143,12 +193,7 @@ fn run_in_namespace(here: u32, core: u32) {
     assert!(ifindex(&format!("{PORT}-1")).is_err(), "undo removed the second instance's port");
 
     // The load in the counters.
-    let dpi = Function::Dpi(Dpi {
-        pattern: Some(dpi::Pattern::Text("GAME".into())),
-        depth: None,
-        on_match: Some(dpi::OnMatch::MarkDscp(46)),
-    });
-    adv.install(SLOT, AdvChain { fns: vec![AdvFn::new(crate::payload::build(&dpi, 0).unwrap())] });
+    adv.install(SLOT, AdvChain { fns: vec![AdvFn::new(crate::payload::build(&dpi(), 0).unwrap())] });
     pin_this_thread(here);
     let tx = Sender::open(adv.port());
     let idle0 = reading(&adv);
@@ -169,17 +214,7 @@ fn run_in_namespace(here: u32, core: u32) {
 
     // A real-time hog on the worker's core for 0.6 s: the frames sent meanwhile overflow its
     // ring and are counted as lost.
-    let hog = std::thread::spawn(move || {
-        pin_this_thread(core);
-        let param = libc::sched_param { sched_priority: 50 };
-        // SAFETY: plain syscall on this thread.
-        assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) }, 0);
-        let end = Instant::now() + Duration::from_millis(600);
-        while Instant::now() < end {
-            std::hint::spin_loop();
-        }
-    });
-    std::thread::sleep(Duration::from_millis(50));
+    let hog = hog(core, 50, Duration::from_millis(600));
     for i in 0..12_000u32 {
         tx.send(i);
     }
@@ -193,5 +228,68 @@ fn run_in_namespace(here: u32, core: u32) {
     eprintln!(
         "busy share idle {idle:.4}, loaded {busy:.4}; under the hog {} of 12000 frames lost to a full ring",
         after.rx_dropped
+    );
+}
+
+#[test]
+fn a_starved_worker_reads_stalled_with_frames_waiting_long_before_its_ring_overflows() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((here, core)) = root_and_two_cpus() else { return };
+    in_namespace(move || starve(here, core));
+}
+
+/// Sends one frame a millisecond (a gaming stream's pace) for `for_`, reading the worker every
+/// 10 ms; returns the frames sent and the readings.
+fn paced(adv: &Advanced, tx: &Sender, first: u32, for_: Duration) -> (u32, Vec<WorkerReading>) {
+    let (start, mut sent, mut readings) = (Instant::now(), 0u32, Vec::new());
+    while start.elapsed() < for_ {
+        tx.send(first + sent);
+        sent += 1;
+        if sent % 10 == 0 {
+            readings.push(reading(adv));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (sent, readings)
+}
+
+fn starve(here: u32, core: u32) {
+    let dp = Datapath::load().unwrap();
+    // SCHED_FIFO 10 as the agent's default advanced_rt_priority; the lab's fault is a hog above.
+    let mut adv = Advanced::start(&dp, PORT, 0, 10).unwrap();
+    adv.scale(&dp, &[core]).unwrap();
+    adv.install(SLOT, AdvChain { fns: vec![AdvFn::new(crate::payload::build(&dpi(), 0).unwrap())] });
+    pin_this_thread(here);
+    let tx = Sender::open(adv.port());
+
+    // Keeping up at a stream's pace: never stalled beyond its sleep between looks at the ring.
+    let (kept, readings) = paced(&adv, &tx, 0, Duration::from_millis(300));
+    let worst = readings.iter().map(|r| r.stalled_ns).max().unwrap_or_default();
+    assert!(worst < 5 * PARK_MS as u64 * 1_000_000, "a worker that keeps up read stalled {worst} ns");
+    settle(&adv, kept as u64);
+    std::thread::sleep(Duration::from_millis(3 * PARK_MS as u64));
+    let idle = reading(&adv);
+    assert_eq!((idle.rx_waiting, idle.stalled_ns), (0, 0), "an idle worker with an empty ring");
+
+    // A higher SCHED_FIFO hog takes its core for 0.3 s while the stream goes on.
+    let hog = hog(core, 50, Duration::from_millis(300));
+    let (starved, during) = paced(&adv, &tx, kept, Duration::from_millis(150));
+    hog.join().unwrap();
+    let last = during.last().expect("readings while starved");
+    assert!(last.rx_waiting > 0, "no frames waiting while the worker was starved: {last:?}");
+    assert!(last.stalled_ns >= 100_000_000, "150 ms starved read stalled {} ns: {last:?}", last.stalled_ns);
+    assert_eq!(last.rx_dropped, 0, "the ring has not overflowed: rx_dropped says nothing yet");
+    assert_eq!(packets(last), kept as u64, "the starved worker took nothing");
+
+    // The core back: the worker drains its ring and is no longer stalled.
+    let after = settle(&adv, (kept + starved) as u64);
+    assert_eq!(packets(&after), (kept + starved) as u64, "every frame processed after the hog");
+    std::thread::sleep(Duration::from_millis(3 * PARK_MS as u64));
+    let after = reading(&adv);
+    assert_eq!((after.rx_waiting, after.stalled_ns, after.rx_dropped), (0, 0, 0), "after the hog");
+    eprintln!(
+        "keeping up: stalled at most {worst} ns; starved 150 ms: {} frames waiting, stalled {} ns, \
+         none lost",
+        last.rx_waiting, last.stalled_ns
     );
 }
