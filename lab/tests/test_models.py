@@ -172,6 +172,20 @@ def test_gaming_profiles_follow_the_domain_notes():
     assert PROFILES["psn"].up.fps == 100  # client input every 10 ms
 
 
+def test_a_marked_gaming_session_sends_its_stream_with_the_dscp_and_the_input_unmarked(tmp_path):
+    from cgloop.lab.sessions import GamingSpec, make_session
+    from pydantic import ValidationError
+
+    marked = make_session(None, "g", tmp_path, GamingSpec(platform="xc", dscp=46))
+    assert marked.profile.down.tos == 46 << 2  # ECN bits left as the profile has them (0)
+    assert marked.profile.up.tos == 0  # the client's input is the client's
+    assert PROFILES["xc"].down.tos == 0  # the shared profile is not changed
+    plain = make_session(None, "g", tmp_path, GamingSpec(platform="xc"))
+    assert plain.profile is PROFILES["xc"]
+    with pytest.raises(ValidationError, match="dscp"):
+        GamingSpec(dscp=64)
+
+
 def test_burst_flood_is_a_classic_unresponsive_flood_and_the_abuser_is_ect1():
     from cgloop.lab.faults import BurstFlood
     from cgloop.lab.scenario import Scenario

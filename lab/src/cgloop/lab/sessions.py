@@ -43,6 +43,10 @@ class GamingSpec(_Spec):
     # A session that starts mid-scenario (a new player): its generators are started with the
     # others, bound and silent, and begin sending `at` seconds after the traffic started.
     at: float = Field(0.0, ge=0, description="seconds after the scenario's traffic started")
+    # Most platforms send their stream unmarked, so the loop must recognise it; a provider that
+    # marks it (e.g. EF, 46, under an agreement with the operator) is served by the edges'
+    # gaming class, and its service chain, from the first packet.
+    dscp: int = Field(0, ge=0, le=63, description="DSCP the server marks its stream with")
 
 
 class VideoCallSpec(_Spec):
@@ -327,9 +331,12 @@ def make_session(lab: Lab, ident: str, out_dir: Path, spec: TrafficSpec) -> Sess
     if isinstance(spec, GamingSpec):
         if spec.platform not in PROFILES:
             raise ValueError(f"unknown platform {spec.platform!r}; known: {sorted(PROFILES)}")
-        return MediaSession(
-            lab, ident, out_dir, PROFILES[spec.platform], spec.server, spec.client, spec.port
-        )
+        profile = PROFILES[spec.platform]
+        if spec.dscp and profile.down is not None:
+            tos = (spec.dscp << 2) | (profile.down.tos & 3)  # the ECN bits stay the profile's
+            down = profile.down.model_copy(update={"tos": tos})
+            profile = profile.model_copy(update={"down": down})
+        return MediaSession(lab, ident, out_dir, profile, spec.server, spec.client, spec.port)
     if isinstance(spec, VideoCallSpec):
         return MediaSession(lab, ident, out_dir, PROFILES["video-call"], spec.a, spec.b, spec.port)
     if isinstance(spec, Ect1Spec):
