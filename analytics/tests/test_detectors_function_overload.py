@@ -1,7 +1,7 @@
 """Function and node overload from node samples (detectors/overload.py): a chain function
-instance by its AF_XDP worker's busy share and its receive ring's drops, a node by its busiest
-core; what the detections say for the policies (labels, subjects) and that instances, nodes
-and functions never stand for each other."""
+instance by its AF_XDP worker's busy share, its receive ring's drops and its worker's stall
+with frames waiting, a node by its busiest core; what the detections say for the policies
+(labels, subjects) and that instances, nodes and functions never stand for each other."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ MS = 1_000_000
 T0 = 1_000 * NS
 
 
-def fn(name="dpi", instance=0, core=3, busy=None, dropped=0, packets=0) -> FunctionCounters:
+def fn(name="dpi", instance=0, core=3, busy=None, dropped=0, packets=0, waiting=0,
+       stalled_ms=0) -> FunctionCounters:
     f = FunctionCounters(function_name=name, instance=instance, core=core, rx_dropped=dropped,
-                         packets=packets)
+                         packets=packets, rx_waiting=waiting, stalled_ns=stalled_ms * MS)
     if busy is not None:
         f.busy_ratio = busy
     return f
@@ -89,6 +90,57 @@ def test_a_ring_overflow_fires_at_once_and_is_critical() -> None:
     assert det.on_node(sample(400, fn(busy=0.1, dropped=80))) == []
     (again,) = det.on_node(sample(500, fn(busy=0.1, dropped=81)))
     assert again.id != d.id
+
+
+def test_a_starved_worker_fires_in_the_first_sample_after_the_onset() -> None:
+    """The lab's fault: a real-time hog takes the worker's core at 130 ms. The worker does
+    nothing, so its busy share reads idle and its ring (2048 frames) has not overflowed at a
+    stream's 1 frame/ms; frames wait and the stall passes 50 ms by the 200 ms sample."""
+    det = QueueOverloadDetector()
+    assert det.function_stall_ns == 50 * MS
+    assert det.on_node(sample(0, fn(busy=0.3, packets=100))) == []
+    (d,) = det.on_node(sample(200, fn(busy=0.06, packets=230, waiting=70, stalled_ms=70)))
+    assert d.kind == K.DETECTION_KIND_FUNCTION_OVERLOAD and d.function_name == "dpi"
+    assert d.labels["trigger"] == "stalled" and d.severity == Severity.SEVERITY_CRITICAL
+    assert d.window_end_ns == T0 + 200 * MS and d.labels["episode"] == str(T0 + 200 * MS)
+    e = evidence(d)
+    assert e["stalled_ns"] == (70 * MS, 50 * MS, 0.0, "ns")
+    assert e["rx_waiting"] == (70.0, 0.0, 0.0, "packets")
+    assert e["rx_dropped"][0] == 0, "before any ring overflow"
+    assert e["busy_ratio"][0] == pytest.approx(0.06), "the starved worker reads idle"
+
+
+def test_a_stall_needs_no_previous_sample_of_the_instance() -> None:
+    det = QueueOverloadDetector()
+    (d,) = det.on_node(sample(0, fn(waiting=5, stalled_ms=120)))
+    assert d.labels["trigger"] == "stalled"
+
+
+def test_no_stall_without_frames_waiting_or_below_the_threshold() -> None:
+    det = QueueOverloadDetector()
+    # an agent reads 0 with an empty ring; the detector does not rely on it
+    assert det.on_node(sample(0, fn(busy=0.0, waiting=0, stalled_ms=900))) == []
+    # a worker that keeps up reads at most its 10 ms sleep between looks at the ring
+    assert det.on_node(sample(200, fn(busy=0.1, waiting=3, stalled_ms=10))) == []
+    assert det.on_node(sample(400, fn(busy=0.1, waiting=3, stalled_ms=49))) == []
+    lower = QueueOverloadDetector(function_stall_ns=5 * MS)
+    (d,) = lower.on_node(sample(0, fn(busy=0.1, waiting=3, stalled_ms=10)))
+    assert evidence(d)["stalled_ns"][1] == 5 * MS
+    with pytest.raises(ValueError, match="function_stall_ns"):
+        QueueOverloadDetector(function_stall_ns=0)
+
+
+def test_a_stall_is_one_episode_that_clears_when_the_worker_runs_again() -> None:
+    det = QueueOverloadDetector()
+    (d,) = det.on_node(sample(0, fn(busy=0.0, waiting=60, stalled_ms=60)))
+    # still starved: the same episode
+    assert det.on_node(sample(200, fn(busy=0.0, waiting=260, stalled_ms=260))) == []
+    # the core back: the ring drained, the worker idle again: the episode ends ...
+    assert det.on_node(sample(400, fn(busy=0.2, waiting=0, stalled_ms=0))) == []
+    assert det.on_node(sample(600, fn(busy=0.1))) == []
+    # ... and a new starvation is a new episode
+    (again,) = det.on_node(sample(800, fn(busy=0.0, waiting=55, stalled_ms=55)))
+    assert again.labels["trigger"] == "stalled" and again.id != d.id
 
 
 def test_a_counter_that_went_back_is_a_restart_not_a_drop() -> None:

@@ -13,7 +13,14 @@ thesis, docs/sources.md), a core's capacity is the time it does not spend on int
   `function_warn_rho` 0.85: with Natif's M/D/1 model (Hajji thesis ch. 5-6) a packet waits
   rho / (2 (1 - rho)) service times, which for the shipped chain's `dpi` (7 µs a packet)
   passes CALVIN's 20 µs budget of an advanced function (CALVIN §III) above rho = 0.85. A ring
-  overflow (`rx_dropped` growing) is overload already: it fires at once (trigger `rx_dropped`);
+  overflow (`rx_dropped` growing) is overload already: it fires at once (trigger `rx_dropped`).
+  So does a starved worker: frames waiting in its ring (`rx_waiting` > 0) while it has made no
+  progress for `function_stall_ns` (`stalled_ns`, default 50 ms) fires at once, critical
+  (trigger `stalled`). Why: a worker whose core another task holds does nothing, so its
+  `busy_ratio` reads idle, and its ring only overflows once full, ~0.7-1.1 s after the onset at
+  a gaming stream's rate; the stall shows in the first sample. 50 ms is 2500 times the 20 µs
+  budget of the frames it holds, and five times the 10 ms a worker that keeps up can read (its
+  sleep between looks at an empty ring, docs/node-agent.md);
 * a switch queue's rho is its egress utilisation or its queueing delay over the
   `queue_latency_ns` budget, whichever is higher.
 
@@ -77,6 +84,7 @@ class QueueOverloadDetector:
         idle_ns: int = 60 * NS,
         function_warn_rho: float = 0.85,
         function_min_duration_ns: int = 300_000_000,
+        function_stall_ns: int = 50_000_000,
         switch_nodes: dict[int, str] | None = None,
         switch_ports: dict[tuple[int, int], str] | None = None,
     ) -> None:
@@ -92,6 +100,9 @@ class QueueOverloadDetector:
         self.idle_ns = idle_ns
         self.function_warn_rho = function_warn_rho
         self.function_min_duration_ns = function_min_duration_ns
+        if function_stall_ns <= 0:
+            raise ValueError(f"function_stall_ns must be > 0, got {function_stall_ns}")
+        self.function_stall_ns = function_stall_ns
         # INT switch id -> node id, (switch id, egress port) -> interface name, where known
         self.switch_nodes = switch_nodes or {}
         self.switch_ports = switch_ports or {}
@@ -148,7 +159,7 @@ class QueueOverloadDetector:
         s.flagged = now == "congested"
         start = t if now else (s.above_since or s.samples[0][0])
         trigger = now or ("sustained" if sustained else "trend")
-        sev = (Severity.SEVERITY_CRITICAL if rho >= 1.0 or now == "rx_dropped"
+        sev = (Severity.SEVERITY_CRITICAL if rho >= 1.0 or now in ("rx_dropped", "stalled")
                else Severity.SEVERITY_MAJOR)
         return [make_detection(
             s.kind, sev, min(1.0, 0.5 + 0.5 * min(1.0, max(rho, predicted))),
@@ -215,7 +226,10 @@ class QueueOverloadDetector:
         dropped = max(0, f.rx_dropped - prev[2]) if prev is not None else 0
         loads = [x for x in (busy, pps / cap if pps is not None and cap else None)
                  if x is not None]
-        if not loads and not dropped:
+        # a starved worker: frames wait and it has not taken any for the stall threshold (its
+        # busy share reads idle; the ring overflows only later). Needs no previous sample.
+        stalled = f.rx_waiting > 0 and f.stalled_ns >= self.function_stall_ns
+        if not loads and not dropped and not stalled:
             return []
         rho = max(loads, default=1.0)
         s = self._get(f"f/{key}", DetectionKind.DETECTION_KIND_FUNCTION_OVERLOAD,
@@ -228,7 +242,10 @@ class QueueOverloadDetector:
         if pps is not None and cap:
             extra.append(ev("rate_pps", pps, cap, 0.0, "pps"))
         extra.append(ev("rx_dropped", dropped, 0.0, 0.0, "packets"))
-        return self._update(s, t, rho, extra, now="rx_dropped" if dropped else None)
+        extra.append(ev("stalled_ns", f.stalled_ns, self.function_stall_ns, 0.0, "ns"))
+        extra.append(ev("rx_waiting", f.rx_waiting, 0.0, 0.0, "packets"))
+        now = "rx_dropped" if dropped else "stalled" if stalled else None
+        return self._update(s, t, rho, extra, now=now)
 
     def evict(self, now_ns: int) -> int:
         idle = [k for k, s in self.subjects.items() if now_ns - s.last_seen > self.idle_ns]
