@@ -392,8 +392,9 @@ impl Advanced {
                     tracing::warn!("AF_XDP instance {i}: {e}");
                     0
                 });
-                // The ring before the worker's progress: a worker that takes the frames in
-                // between has its older progress counted up to then, never a newer one.
+                // The ring first, then the progress: a worker that takes the waiting frames
+                // between the two reads shows its fresh progress (no stall) once stored.
+                // Either way a worker that keeps up reads at most about PARK_MS.
                 let rx_waiting = inst.rx.waiting();
                 let progress_ns = inst.stats.progress_ns.load(Ordering::Relaxed);
                 let at_ns = now_monotonic_ns();
@@ -476,7 +477,8 @@ fn worker(
                 if rx > 0 {
                     stats.busy_ns.fetch_add(done.saturating_sub(began), Ordering::Relaxed);
                     // A batch taken: progress, even when frames still wait behind it (a slow
-                    // worker is overloaded, which busy_ns shows, not stalled).
+                    // worker is overloaded, which busy_ns shows, not stalled). A batch of none
+                    // (its TX ring full) is no progress.
                     stats.progress_ns.store(done, Ordering::Relaxed);
                 }
             }
