@@ -123,3 +123,40 @@ def test_a_final_record_without_packets_is_no_interval_of_video():
     y = window_features([*recs, empty])
     for name in ("dn_cadence_cv", "dn_frame_bytes_cv", "dn_frame_peak", "both_active_frac"):
         assert f(y, name) == pytest.approx(f(x, name)), name
+
+
+def _call(start: int, camera_up: bool) -> list[Packet]:
+    """A bundled call: video (30 fps, 3 packets of ~1100 B a frame) and audio (150 B every
+    20 ms) downstream; the same upstream, or audio alone with the camera off."""
+    down = (bytes([192, 0, 2, 9]), bytes([10, 0, 0, 9]), 3478, 50000, 17)
+    up = (down[1], down[0], 50000, 3478, 17)
+    pk = []
+    for key, video in ((down, True), (up, camera_up)):
+        pk += [Packet(start + i * 20_000_000 + 3_000_000, key, 150) for i in range(200)]
+        if video:
+            pk += [Packet(start + i * 33_333_333 + j * 2_000_000, key, 1100 - 40 * j)
+                   for i in range(120) for j in range(3)]
+    return sorted(pk, key=lambda p: p.ts_ns)
+
+
+def test_size_symmetry_tells_a_call_from_a_game():
+    game = _x(BASE)
+    # a game's upstream is small input reports against full video packets
+    assert f(game, "size_max_ratio_up") < 0.3 and f(game, "size_mean_ratio_up") < 0.3
+    start = 1_700_000_000 * NS
+    both = window_features(records_from_packets(_call(start, True), "test/call"))
+    assert f(both, "size_max_ratio_up") > 0.9 and f(both, "size_mean_ratio_up") > 0.8
+    # the camera off upstream: audio against video, as asymmetric in sizes as a game
+    # (what separates them is the upstream's cadence, 20 ms against 4-16 ms: up_input_frac)
+    audio = window_features(records_from_packets(_call(start, False), "test/audio-up"))
+    assert f(audio, "size_mean_ratio_up") < 0.4
+    assert f(audio, "up_input_frac") < 0.1 < 0.8 < f(game, "up_input_frac")
+    alone = [p for p in _call(start, True) if p.key[0] == bytes([192, 0, 2, 9])]
+    x = window_features(records_from_packets(alone, "test/alone"))
+    assert f(x, "size_max_ratio_up") == 0.0 and f(x, "size_mean_ratio_up") == 0.0
+
+
+def test_size_symmetry_does_not_follow_the_bitrate():
+    low, high = _x(dataclasses.replace(BASE, down_mbps=3.0)), _x(
+        dataclasses.replace(BASE, down_mbps=45.0))
+    assert f(low, "size_max_ratio_up") == pytest.approx(f(high, "size_max_ratio_up"), abs=0.02)

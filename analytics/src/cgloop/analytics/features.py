@@ -63,6 +63,11 @@ FEATURE_NAMES: tuple[str, ...] = (
     "both_active_frac",  # intervals where both directions sent, over those where either did
     "rtp_pt_dynamic",  # an RTP stream with a dynamic payload type (96-127), as video uses
     "rtp_markers_per_frame",  # RTP marker bits per downstream burst (1 for frame-marked video)
+    # Symmetry of packet sizes across directions (issue 21, calls vs games): a call sends media
+    # both ways, so each side's packets are as large as the other's (video both ways, or audio
+    # both ways), while a game's upstream is small input reports against full video packets.
+    "size_max_ratio_up",  # the largest upstream packet over the largest downstream one
+    "size_mean_ratio_up",  # mean upstream packet size over the downstream's, capped at 2
 )
 INDEX = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
@@ -81,6 +86,7 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "coupling": ("byte_ratio_up", "pkt_ratio_up", "both_active_frac"),
     "rtp": ("rtp_present", "rtp_pt_dynamic", "rtp_markers_per_frame"),
     "transport": ("is_udp", "is_tcp"),
+    "symmetry": ("size_max_ratio_up", "size_mean_ratio_up"),
 }
 VOLUME_FEATURES: tuple[str, ...] = ("dn_bps", "dn_pps", "dn_iat_mean_ms", "dn_pkts_per_burst")
 CLASSIFIER_FEATURES: tuple[str, ...] = tuple(n for g in FEATURE_GROUPS.values() for n in g)
@@ -216,6 +222,7 @@ def window_features(
         span_s,
     ]
     vals += _structure(down, up, first, last, dn.bursts / span_s, rtp)
+    vals += _symmetry(dn, upd)
     out[:] = vals
     return out
 
@@ -266,6 +273,23 @@ def _structure(
         len(set(dn_by) & up_starts) / len(either) if either else 0.0,
         float(dyn),
         min(5.0, markers / span_s / burst_rate) if burst_rate > 0 else 0.0,
+    ]
+
+
+def _symmetry(dn: _Dir, up: _Dir) -> list[float]:
+    """The size-symmetry features (FEATURE_NAMES after rtp_markers_per_frame): 0 when either
+    direction sent nothing.
+
+    The records carry each direction's largest packet and its size sum over packets, so these
+    need no new probe field. What would separate calls from games further is not in them: the
+    regularity of the upstream (a gap histogram in log2 buckets tells 4-16 ms input from 20 ms
+    audio, not a poll clock from a pacer), and several SSRCs in one bundled flow (the probe
+    tracks one); docs/analytics.md, "Non-circular negatives"."""
+    if not dn.packets or not up.packets:
+        return [0.0, 0.0]
+    return [
+        up.size_max / dn.size_max if dn.size_max else 0.0,
+        min(2.0, (up.bytes / up.packets) / (dn.bytes / dn.packets)),
     ]
 
 
