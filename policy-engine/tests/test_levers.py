@@ -271,6 +271,39 @@ def test_counters_still_rising_make_the_scale_out_no_effect(
     assert "function.rx_dropped_per_s 500 (must not rise)" in v.detail
 
 
+@pytest.mark.parametrize("keeping_up", [True, False])
+def test_a_chain_whose_functions_keep_up_is_not_rolled_back_for_slower_probes(
+    agents: dict[str, AgentServer], keeping_up: bool
+) -> None:
+    """The probes read worse after the scale-out (the hog that overloaded dpi slows the whole
+    shared machine): with the functions' counters healthy the change stays (no_effect); with
+    them still failing it is rolled back as worse."""
+    clock = ManualClock()
+    store = WindowStore()
+    engine = engine_for(agents, [policy(SCALE_OUT)], clock, store)
+    engine.observe_nodes(node_samples("edge1", clock(), **HOT))
+    events = engine.handle(dpb.DetectionBatch(records=[overloaded(clock())]))
+    applied = events[1].result.applied_ns
+    store.ingest_probes(probes(applied - S, applied, 8 * MS, dscp=46, source_id="edge1/agent"))
+    store.ingest_probes(probes(applied, applied + S, 90 * MS, dscp=46, source_id="edge1/agent"))
+    after = ((Fn("dpi", 1, 45_000, 0.45), Fn("dpi", 0, 45_000, 0.45, instance=1)) if keeping_up
+             else (Fn("dpi", 1, 45_000, 0.95, rx_dropped_per_s=500),))
+    engine.observe_nodes(
+        node_samples("edge1", applied + 900 * MS, HOT["cores"], after, count=3, interval_s=0.4)
+    )
+    clock.now_ns = applied + 2 * S
+    engine.tick()
+    ends = engine.drain()
+    if keeping_up:
+        (verified,) = ends
+        assert verified.result.state == apb.ACTION_STATE_VERIFIED
+        v = verified.result.verification
+        assert v.verdict == apb.VERDICT_NO_EFFECT, v.detail
+        assert "the functions keep up" in v.detail
+    else:
+        assert apb.ACTION_STATE_ROLLED_BACK in [e.result.state for e in ends if e.result], ends
+
+
 def test_the_overload_guard_re_plans_a_chain_onto_a_free_core(
     agents: dict[str, AgentServer],
 ) -> None:

@@ -631,7 +631,11 @@ class Engine:
         v: apb.Verification,
     ) -> None:
         """`expect.also`: the chain's advanced functions' counters on the action's node over the
-        verification window; one that does not hold turns `improved` into `no_effect`."""
+        verification window; one that does not hold turns `improved` into `no_effect`. When
+        every one was read and holds, a `worse` from the probes alone becomes `no_effect`: the
+        chain's functions keep up, so the path got slower for another reason (on a shared
+        machine, the fault that overloaded the function also slows everything else), and
+        rolling back would put the function back where it was overloaded."""
         names = [
             f.WhichOneof("function") or ""
             for f in action.set_chain.functions
@@ -652,8 +656,12 @@ class Engine:
                 ok = value <= 0
                 notes.append(f"{m.value} {value:g} (must not rise)")
             failed |= not ok
+        read_all = bool(metrics) and not any(n.endswith(": no samples") for n in notes)
         if failed and v.verdict == apb.VERDICT_IMPROVED:
             v.verdict = apb.VERDICT_NO_EFFECT
+        elif not failed and read_all and names and v.verdict == apb.VERDICT_WORSE:
+            v.verdict = apb.VERDICT_NO_EFFECT
+            notes.append("the functions keep up: the probes' worse is not the chain's, kept")
         v.detail += "; counters of " + ",".join(names or ["-"]) + ": " + ", ".join(notes)
 
     def _verify_power(self, entry: Entry) -> None:
