@@ -51,3 +51,27 @@ def test_caught_up_only_once_the_backlog_before_it_is_committed(stack_settings: 
         assert kafka_answer(ready)
     finally:
         consumer.close()
+
+
+def test_a_ready_line_an_earlier_run_left_in_the_log_does_not_pass_for_this_one(tmp_path):
+    """Logs are appended across runs: `make run` once went on before its node agent listened,
+    because the previous run's "listening on" was still in the agent's log."""
+    import sys
+
+    from cgloop.loop.services import Services
+
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "agent.log").write_text("old run\nlistening on unix:/old.sock\n")
+    services = Services(lab=None, log_dir=log_dir)
+    svc = services.spawn_host("agent", [sys.executable, "-c", "print('starting', flush=True)"])
+    try:
+        svc.proc.wait(10)
+        ready = services.log_says(svc, "listening on")
+        assert not ready()
+        assert svc.tail() == "starting"
+        with open(svc.log, "a") as f:
+            f.write("listening on unix:/new.sock\n")
+        assert ready()
+    finally:
+        services.stop()

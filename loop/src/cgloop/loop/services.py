@@ -32,21 +32,37 @@ class ServiceError(RuntimeError):
     """A service did not start; the text names it and quotes its log."""
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 @dataclass
 class Service:
     name: str
     proc: subprocess.Popen
     log: Path
     in_lab: bool
+    # Where this process's output starts in its log: logs are appended across runs, and a
+    # readiness line an earlier run wrote must not pass for this one's.
+    log_start: int = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def tail(self, lines: int = 15) -> str:
+    def output(self) -> str:
+        """What this process has written to its log so far."""
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log, "rb") as f:
+                f.seek(self.log_start)
+                return f.read().decode(errors="replace")
         except OSError:
-            return "(no log)"
+            return ""
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.output().splitlines()[-lines:]) or "(no log)"
 
 
 @dataclass
@@ -60,19 +76,21 @@ class Services:
     def spawn_lab(self, node: str, name: str, argv: list[str]) -> Service:
         assert self.lab is not None
         log = self.log_dir / f"{name}.log"
+        start = _size(log)
         proc = self.lab.spawn(node, argv, role=f"loop-{name}", log=log)
-        svc = Service(name, proc, log, in_lab=True)
+        svc = Service(name, proc, log, in_lab=True, log_start=start)
         self.started.append(svc)
         return svc
 
     def spawn_host(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Service:
         log = self.log_dir / f"{name}.log"
+        start = _size(log)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, env={**os.environ, **(env or {})},
             )
-        svc = Service(name, proc, log, in_lab=False)
+        svc = Service(name, proc, log, in_lab=False, log_start=start)
         self.started.append(svc)
         return svc
 
@@ -97,7 +115,7 @@ class Services:
         )
 
     def log_says(self, svc: Service, text: str) -> Callable[[], bool]:
-        return lambda: text in svc.log.read_text(errors="replace")
+        return lambda: text in svc.output()
 
     def check(self) -> list[str]:
         """Services that died, with the end of their logs."""
