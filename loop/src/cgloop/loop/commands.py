@@ -63,6 +63,12 @@ def register(app: typer.Typer) -> None:
         if interface:
             _run_on_interfaces(settings, interface, bottleneck, link_mbit, probe_target or [])
             return
+        if out is not None and (earlier := sorted(out.glob("agent-journal-*"))):
+            # an agent replays its journal's actions, and a repeated action id with other terms
+            # is refused: an earlier run's journals would meet this run's fresh lab
+            err.print(f"[red]error[/red] --out {out} holds an earlier run ({earlier[0].name}): "
+                      "give a new directory")
+            raise typer.Exit(2)
         sc = load_scenario(scenario or default_scenario())
         console.print("starting the embedded stack (Kafka, store with its sink)…")
         _stack_up(settings)
