@@ -249,15 +249,20 @@ def test_function_overload_scales_the_function_out_and_verifies_probes_and_count
     assert "function.busy_ratio 0.45" in v.detail and "function.rx_dropped_per_s 0" in v.detail
 
 
-def test_counters_still_rising_make_the_scale_out_no_effect(
-    agents: dict[str, AgentServer],
-) -> None:
+def scaled_out(agents: dict[str, AgentServer]) -> tuple[ManualClock, WindowStore, Engine, int]:
+    """An engine that has just scaled dpi out on edge1: (clock, store, engine, applied_ns)."""
     clock = ManualClock()
     store = WindowStore()
     engine = engine_for(agents, [policy(SCALE_OUT)], clock, store)
     engine.observe_nodes(node_samples("edge1", clock(), **HOT))
     events = engine.handle(dpb.DetectionBatch(records=[overloaded(clock())]))
-    applied = events[1].result.applied_ns
+    return clock, store, engine, events[1].result.applied_ns
+
+
+def test_counters_still_rising_make_the_scale_out_no_effect(
+    agents: dict[str, AgentServer],
+) -> None:
+    clock, store, engine, applied = scaled_out(agents)
     store.ingest_probes(probes(applied, applied + S, 8 * MS, dscp=46, source_id="edge1/agent"))
     dropping = (Fn("dpi", 1, 45_000, 0.95, rx_dropped_per_s=500),)
     engine.observe_nodes(
@@ -278,12 +283,7 @@ def test_a_chain_whose_functions_keep_up_is_not_rolled_back_for_slower_probes(
     """The probes read worse after the scale-out (the hog that overloaded dpi slows the whole
     shared machine): with the functions' counters healthy the change stays (no_effect); with
     them still failing it is rolled back as worse."""
-    clock = ManualClock()
-    store = WindowStore()
-    engine = engine_for(agents, [policy(SCALE_OUT)], clock, store)
-    engine.observe_nodes(node_samples("edge1", clock(), **HOT))
-    events = engine.handle(dpb.DetectionBatch(records=[overloaded(clock())]))
-    applied = events[1].result.applied_ns
+    clock, store, engine, applied = scaled_out(agents)
     store.ingest_probes(probes(applied - S, applied, 8 * MS, dscp=46, source_id="edge1/agent"))
     store.ingest_probes(probes(applied, applied + S, 90 * MS, dscp=46, source_id="edge1/agent"))
     after = ((Fn("dpi", 1, 45_000, 0.45), Fn("dpi", 0, 45_000, 0.45, instance=1)) if keeping_up
