@@ -414,3 +414,49 @@ def test_scenario_that_does_not_fit_the_topology_or_machine_is_refused_naming_ea
     assert "faults[2]: the link cpe1-cl1 is not shaped" in text
     assert "faults[3].peer: edge1 has no link to 'edge2'" in text
     assert "faults[4].dst: gs1→core crosses no core link" in text
+
+
+def test_generators_wait_for_the_start_signal_once_ready_and_begin_at_their_offset(tmp_path):
+    """A generator with a start file binds, says it is ready, and sends only from the start
+    the runner writes (plus its offset); one whose start never comes begins on its own."""
+    import threading
+    import time
+
+    from cgloop.lab.sessions import StartSignal
+    from cgloop.lab.traffic.media import run_peer
+
+    a, b = _free_udp_port(), _free_udp_port()
+    signal = StartSignal(tmp_path / "start.ns", 0.2)
+    results = {}
+
+    def peer(name, bind, to, spec, **kw):
+        results[name] = run_peer(("127.0.0.1", bind), ("127.0.0.1", to), spec, 0.5,
+                                 tmp_path / name, linger=0.3, **kw)
+
+    threads = [
+        threading.Thread(target=peer, args=("client", a, b, None),
+                         kwargs={"start_file": signal.path}),
+        threading.Thread(target=peer, args=("server", b, a, PROFILES["test"].down),
+                         kwargs={"start_file": signal.path, "start_offset_s": 0.2}),
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while not all((tmp_path / f"{n}.ready").exists() for n in ("client", "server")):
+        assert time.monotonic() < deadline, "the generators never said they were ready"
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert not results, "a generator went on before the start was fixed"
+    start_ns = time.time_ns() + 100_000_000
+    signal.fix(start_ns)
+    for t in threads:
+        t.join(10)
+    server = results["server"]
+    assert server["start_wait"] == "signalled"
+    assert server["start_at_ns"] == start_ns + 200_000_000
+    assert server["first_send_ns"] >= server["start_at_ns"] and server["sent"] > 0
+    assert results["client"]["summary"]["packets"] == server["sent"]
+
+    alone = run_peer(("127.0.0.1", _free_udp_port()), ("127.0.0.1", a), None, 0.1, None,
+                     linger=0.0, start_file=tmp_path / "never.ns", start_timeout_s=0.05)
+    assert alone["start_wait"] == "timeout"

@@ -33,6 +33,7 @@ from cgloop.lab.sessions import (
     Ect1Spec,
     MediaSession,
     Session,
+    StartSignal,
     UdpBurstSpec,
     listening,
     make_session,
@@ -152,13 +153,15 @@ class ActiveFault:
         self._hogs: list[subprocess.Popen] = []
         self.detail: dict = {}
         self.onset_ns: int | None = None  # known in advance for prepared faults
+        self.prepared = False
 
-    def prepare(self, start_at_ns: int) -> None:
-        """Start generator-based faults ahead of time, set to begin at `start_at_ns`, so that
-        Python start-up (a second or more on a busy machine) never delays their onset."""
+    def prepare(self, start: StartSignal) -> None:
+        """Start generator-based faults ahead of time, to begin when `start` says (the runner
+        fixes it once every generator is ready, then calls `started_at`), so that Python
+        start-up (seconds on a busy machine) never delays their onset."""
         if isinstance(self.spec, Ect1Abuse | BurstFlood):
-            self._start_flood(self.spec, start_at_ns)
-            self.onset_ns = start_at_ns
+            self._start_flood(self.spec, start)
+            self.prepared = True
         elif isinstance(self.spec, Congestion | CoreCongestion) and not listening(
             self.lab.ns(self.spec.dst), self.spec.port
         ):
@@ -169,10 +172,17 @@ class ActiveFault:
             bulk.listen()
             self.session = bulk
 
-    def _start_flood(self, spec: Ect1Abuse | BurstFlood, start_at_ns: int | None) -> None:
+    def started_at(self, start_ns: int) -> None:
+        """The runner fixed the start: a prepared fault's onset is its `at` after it."""
+        if self.prepared:
+            self.onset_ns = start_ns + int(self.spec.at * 1e9)
+            if isinstance(self.session, MediaSession):
+                self.session.started_at(self.onset_ns)
+
+    def _start_flood(self, spec: Ect1Abuse | BurstFlood, start: StartSignal | None) -> None:
         traffic = _as(Ect1Spec, spec) if isinstance(spec, Ect1Abuse) else _as(UdpBurstSpec, spec)
         self.session = make_session(self.lab, self.ident, self.out_dir, traffic)
-        self.session.start(spec.duration, start_at_ns)
+        self.session.start(spec.duration, start)
 
     def apply(self) -> None:
         spec, lab = self.spec, self.lab

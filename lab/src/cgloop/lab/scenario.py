@@ -17,7 +17,14 @@ from pathlib import Path
 
 from cgloop.lab.faults import ActiveFault, CoreCongestion, CpuHog, FaultSpec, Loss, RateCap
 from cgloop.lab.lab import Lab
-from cgloop.lab.sessions import GamingSpec, MediaSession, Session, TrafficSpec, make_session
+from cgloop.lab.sessions import (
+    GamingSpec,
+    MediaSession,
+    Session,
+    StartSignal,
+    TrafficSpec,
+    make_session,
+)
 from cgloop.lab.topology import Tier, Topology
 from cgloop.lab.traffic.stats import DelaySummary
 from cgloop.lab.yamlfile import load_yaml_model
@@ -26,7 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DEFAULT_SCENARIO = "scenario.yaml"  # for the default (v2) topology
 V1_SCENARIO = "scenario-v1.yaml"  # for topology-v1.yaml
 SETTLE_NS = 1_000_000_000
-STARTUP_S = 2.5  # head start for generator processes (Python start-up on a busy machine)
+# Once every generator is ready: how far ahead the start is fixed (each reads it within 10 ms)
+STARTUP_S = 0.5
+# At most this long for the generators to be ready (a loaded 2-core VM took up to 17 s)
+READY_TIMEOUT_S = 60.0
 
 
 class Scenario(BaseModel):
@@ -173,21 +183,34 @@ class Runner:
         check_scenario(sc, self.lab.topo)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         active: dict[str, tuple[ActiveFault, FaultEvent]] = {}
-        # Everything starts at one instant a little ahead, so slow process start-up shifts
-        # neither the traffic nor the faults; t0 is that instant.
-        start_ns = time.time_ns() + int(STARTUP_S * 1e9)
-        t0 = time.monotonic() + (start_ns - time.time_ns()) / 1e9
+        # Everything starts at one instant, fixed once every generator that can wait is ready
+        # (its socket bound), so slow process start-up shifts neither the traffic nor the
+        # faults; t0 is that instant.
+        signal = self.run_dir / "start.ns"
+        signal.unlink(missing_ok=True)
         faults = [
             ActiveFault(self.lab, f, f"{f.kind}{i}", self.run_dir) for i, f in enumerate(sc.faults)
         ]
         try:
+            planned = []
             for i, spec in enumerate(sc.traffic):
                 ident = f"{spec.kind}{i}"
                 # A late session's generators start now too, silent until their instant.
                 at = getattr(spec, "at", 0.0)
-                begin_ns = start_ns + int(at * 1e9)
+                planned.append((ident, spec, at))
                 self.sessions[ident] = make_session(self.lab, ident, self.run_dir, spec)
-                self.sessions[ident].start(sc.duration - at, begin_ns)
+                self.sessions[ident].start(sc.duration - at, StartSignal(signal, at))
+            for fault in faults:
+                fault.prepare(StartSignal(signal, fault.spec.at))
+            self._await_ready(faults)
+            start_ns = time.time_ns() + int(STARTUP_S * 1e9)
+            StartSignal(signal).fix(start_ns)
+            t0 = time.monotonic() + (start_ns - time.time_ns()) / 1e9
+            for ident, spec, at in planned:
+                begin_ns = start_ns + int(at * 1e9)
+                session = self.sessions[ident]
+                if isinstance(session, MediaSession):
+                    session.started_at(begin_ns)
                 started = TrafficEvent(
                     id=ident, kind=spec.kind, spec=spec.model_dump(), start_ns=begin_ns
                 )
@@ -196,7 +219,7 @@ class Runner:
                     f.write(started.model_dump_json() + "\n")
                 self.say(f"traffic {ident} started" + (f" (sends from t={at:g} s)" if at else ""))
             for fault in faults:
-                fault.prepare(start_ns + int(fault.spec.at * 1e9))
+                fault.started_at(start_ns)
             self._sleep_until(t0)
             started_ns = start_ns
             steps = sorted(
@@ -245,6 +268,23 @@ class Runner:
             for session in self.sessions.values():
                 session.stop()
         return self.report(started_ns)
+
+    def _await_ready(self, faults: list[ActiveFault]) -> None:
+        """Until every generator waiting for the start signal is ready (or READY_TIMEOUT_S:
+        the run then starts without the laggards and says which)."""
+        sessions = [*self.sessions.values(), *(f.session for f in faults if f.prepared)]
+        markers = [m for s in sessions if s is not None for m in s.ready_markers()]
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        waited = time.monotonic()
+        while (missing := [m for m in markers if not m.exists()]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        if missing:
+            self.say(f"started without {len(missing)} generator(s) not ready after "
+                     f"{READY_TIMEOUT_S:g} s: {', '.join(m.name for m in missing)}")
+        elif (spent := time.monotonic() - waited) > 1.0:
+            self.say(f"every generator ready after {spent:.1f} s")
 
     def _sleep_until(self, when: float) -> None:
         delay = when - time.monotonic()

@@ -7,10 +7,12 @@ write their results on SIGTERM) and `result()` reads what they wrote.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,6 +30,23 @@ from cgloop.lab.traffic.stats import Packets
 from pydantic import BaseModel, ConfigDict, Field
 
 GENERATOR = [sys.executable, "-m", "cgloop.lab.traffic"]
+
+
+@dataclass(frozen=True)
+class StartSignal:
+    """A start the runner fixes only once every generator is ready (its socket bound): it
+    writes the instant (CLOCK_REALTIME ns) to `path`, and a generator begins sending
+    `offset_s` after it. On a loaded machine a dozen Python generators can take longer to
+    start than any fixed head start (an ECT(1) abuser once started after its fault had ended)."""
+
+    path: Path
+    offset_s: float = 0.0
+
+    def fix(self, start_ns: int) -> None:
+        """Publish the start (write, then rename: a generator never reads half a number)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(str(start_ns))
+        os.replace(tmp, self.path)
 
 
 class _Spec(BaseModel):
@@ -125,9 +144,14 @@ class Session:
         self.procs.append(proc)
         return proc
 
-    def start(self, duration: float, start_at_ns: int | None = None) -> None:
-        """Start the generators; those that can wait begin sending at `start_at_ns`."""
+    def start(self, duration: float, start: int | StartSignal | None = None) -> None:
+        """Start the generators; those that can wait begin sending at `start` (CLOCK_REALTIME
+        ns, or when a StartSignal says), the others at once."""
         raise NotImplementedError
+
+    def ready_markers(self) -> list[Path]:
+        """Files the generators that wait for a StartSignal create once they are ready."""
+        return []
 
     def stop(self, grace: float = 5.0) -> None:
         procs.stop([(p.pid, None) for p in self.procs if p.poll() is None], grace=grace)
@@ -170,7 +194,7 @@ class MediaSession(Session):
         spec: StreamSpec | None,
         duration: float,
         out: Path,
-        start_at_ns: int | None,
+        start: int | StartSignal | None,
     ) -> None:
         topo = self.lab.topo
         argv = [
@@ -187,19 +211,30 @@ class MediaSession(Session):
         ]
         if spec:
             argv += ["--send", spec.model_dump_json()]
-        if start_at_ns is not None:
-            argv += ["--start-at-ns", str(start_at_ns)]
+        if isinstance(start, StartSignal):
+            argv += ["--start-file", str(start.path), "--start-offset-s", str(start.offset_s)]
+        elif start is not None:
+            argv += ["--start-at-ns", str(start)]
         self._spawn(node, argv, role=out.name.rsplit("-", 1)[-1])
 
-    def start(self, duration: float, start_at_ns: int | None = None) -> None:
-        self.started_ns = start_at_ns or time.time_ns()
+    def start(self, duration: float, start: int | StartSignal | None = None) -> None:
+        # with a StartSignal, known once the runner fixes the start (`started_at`)
+        self.started_ns = start if isinstance(start, int) else time.time_ns()
+        self._waits = isinstance(start, StartSignal)
         # The client binds first so the first downstream frames find a socket.
-        self._peer(
-            self.client, self.server, self.profile.up, duration, self.downstream_path, start_at_ns
-        )
-        self._peer(
-            self.server, self.client, self.profile.down, duration, self.upstream_path, start_at_ns
-        )
+        self._peer(self.client, self.server, self.profile.up, duration, self.downstream_path,
+                   start)
+        self._peer(self.server, self.client, self.profile.down, duration, self.upstream_path,
+                   start)
+
+    def started_at(self, start_ns: int) -> None:
+        """The runner fixed the StartSignal's instant: this session begins at `start_ns`."""
+        self.started_ns = start_ns
+
+    def ready_markers(self) -> list[Path]:
+        if not getattr(self, "_waits", False):
+            return []
+        return [p.parent / f"{p.name}.ready" for p in (self.downstream_path, self.upstream_path)]
 
     @property
     def downstream_path(self) -> Path:
@@ -248,7 +283,7 @@ class BulkSession(Session):
         _wait_listening(self.lab.ns(self.spec.dst), self.spec.port, timeout=5)
         self._listening = True
 
-    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+    def start(self, duration: float, start: int | StartSignal | None = None) -> None:
         self.listen()
         self.started_ns = time.time_ns()  # the client connects in milliseconds: no scheduling
         dst = str(self.lab.topo.address(self.spec.dst))
@@ -289,7 +324,7 @@ class WebSession(Session):
         super().__init__(lab, ident, out_dir)
         self.spec = spec
 
-    def start(self, duration: float, start_at_ns: int | None = None) -> None:
+    def start(self, duration: float, start: int | StartSignal | None = None) -> None:
         self.started_ns = time.time_ns()  # background browsing: starts when it is ready
         addr = f"{self.lab.topo.address(self.spec.server)}:{self.spec.port}"
         self._spawn(self.spec.server, [*GENERATOR, "web-server", "--bind", addr], "server")

@@ -39,7 +39,17 @@ def media_cmd(
     start_at_ns: Annotated[
         int | None, typer.Option(help="CLOCK_REALTIME ns at which to start sending")
     ] = None,
+    start_file: Annotated[
+        Path | None,
+        typer.Option(help="wait (socket bound, OUT.ready created) until this file holds the "
+                          "start, CLOCK_REALTIME ns; instead of --start-at-ns"),
+    ] = None,
+    start_offset_s: Annotated[
+        float, typer.Option(min=0.0, help="with --start-file: begin this long after the start")
+    ] = 0.0,
 ) -> None:
+    if start_file is not None and start_at_ns is not None:
+        raise typer.BadParameter("give --start-at-ns or --start-file, not both")
     spec = StreamSpec.model_validate_json(send) if send else None
     media.run_peer(
         _addr(bind),
@@ -49,6 +59,8 @@ def media_cmd(
         out,
         start_at_ns=start_at_ns,
         stop=_stop_on_signals(),
+        start_file=start_file,
+        start_offset_s=start_offset_s,
     )
 
 

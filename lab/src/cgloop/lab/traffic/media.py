@@ -234,6 +234,25 @@ class Receiver:
         return Packets(col(self.seq), col(self.send_ns), col(self.recv_ns), col(self.size))
 
 
+# How long a generator waits for its start file before it begins on its own.
+START_TIMEOUT_S = 120.0
+
+
+def wait_for_start(path: Path, stop: threading.Event, timeout_s: float) -> tuple[int, str]:
+    """(start ns, how): the number `path` holds once it exists ("signalled"), polled every
+    10 ms; now if `stop` is set first ("stopped") or after `timeout_s` ("timeout")."""
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            return int(path.read_text().strip()), "signalled"
+        except (OSError, ValueError):
+            pass  # not written yet (it is renamed into place whole)
+        if time.monotonic() >= deadline:
+            return time.time_ns(), "timeout"
+        stop.wait(0.01)
+    return time.time_ns(), "stopped"
+
+
 def run_peer(
     bind: tuple[str, int],
     peer: tuple[str, int],
@@ -243,17 +262,30 @@ def run_peer(
     linger: float = 1.0,
     start_at_ns: int | None = None,
     stop: threading.Event | None = None,
+    start_file: Path | None = None,
+    start_offset_s: float = 0.0,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> dict:
     """Send `send` (if any) to `peer` for `duration` s while recording what arrives on `bind`;
     then write `<out>.npz` (per packet) and `<out>.json` (summary). Setting `stop` ends it early.
 
     With `start_at_ns` (CLOCK_REALTIME) the receiver is ready at once but sending (and the
     duration) starts at that instant, so start-up time of the process never shifts the traffic.
+    With `start_file` instead, the socket bound, it creates `<out>.ready` and waits for the
+    file to hold the start (ns), then begins `start_offset_s` after it: the runner fixes the
+    start once every generator is ready (`cgloop.lab.sessions.StartSignal`).
     """
     stop = stop or threading.Event()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(bind)
+    start_waited = None
+    if start_file is not None:
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            (out.parent / f"{out.name}.ready").touch()
+        start_ns, start_waited = wait_for_start(start_file, stop, start_timeout_s)
+        start_at_ns = start_ns + int(start_offset_s * 1e9)
     receiver = Receiver(sock)
     sender = (
         Sender(sock, peer, send, duration, stop, start_at_ns=start_at_ns, feedback=receiver)
@@ -275,6 +307,8 @@ def run_peer(
         "peer": f"{peer[0]}:{peer[1]}",
         "started_ns": started_ns,
         "start_at_ns": start_at_ns,
+        # with a start file: how it ended ("signalled", "timeout": began at once, "stopped")
+        "start_wait": start_waited,
         "late_start_ms": late_ms if late_ms and late_ms > 0 else 0.0,
         "first_send_ns": getattr(sender, "first_send_ns", None),
         "ended_ns": time.time_ns(),
