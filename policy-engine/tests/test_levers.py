@@ -304,6 +304,38 @@ def test_a_chain_whose_functions_keep_up_is_not_rolled_back_for_slower_probes(
         assert apb.ACTION_STATE_ROLLED_BACK in [e.result.state for e in ends if e.result], ends
 
 
+def test_a_starved_instance_s_core_is_left_out_of_the_scale_out(
+    agents: dict[str, AgentServer],
+) -> None:
+    """The hog's first sample still shows core 1 idle (dpi starved reads idle too): a scale-out
+    from the samples alone would keep an instance there. The detection's evidence says the
+    instance on core 1 stalled with frames waiting, so dpi goes to another core only."""
+    from cgloop.policy.planning import starved_core
+    from cgloop.v1.detection_pb2 import Evidence
+
+    clock = ManualClock()
+    engine = engine_for(agents, [policy(SCALE_OUT)], clock, WindowStore())
+    quiet = dict(cores={0: 0.10, 1: 0.05, 2: 0.60, 3: 0.30}, functions=(Fn("dpi", 1, 90_000, 0.9),))
+    engine.observe_nodes(node_samples("edge1", clock(), **quiet))
+    det = overloaded(clock())
+    det.labels["core"] = "1"
+    det.evidence.extend([Evidence(name="stalled_ns", value=120e6, threshold=50e6, unit="ns"),
+                         Evidence(name="rx_waiting", value=300, unit="packets")])
+    assert starved_core(det) == 1
+    events = engine.handle(dpb.DetectionBatch(records=[det]))
+    assert states(events) == ["action:PROPOSED", "APPLIED"], events
+    dpi = agents["edge1"].agent.state.chains["gaming"].functions[1]
+    cores = list(dpi.instance_cores) or [dpi.core]
+    assert 1 not in cores and cores, cores
+    # below the detector's threshold, without frames waiting, or on core 0 ("not pinned"): none
+    for stalled, waiting, core in ((40e6, 300, "1"), (120e6, 0, "1"), (120e6, 300, "0")):
+        d = overloaded(clock())
+        d.labels["core"] = core
+        d.evidence.extend([Evidence(name="stalled_ns", value=stalled, threshold=50e6),
+                           Evidence(name="rx_waiting", value=waiting)])
+        assert starved_core(d) is None
+
+
 def test_the_overload_guard_re_plans_a_chain_onto_a_free_core(
     agents: dict[str, AgentServer],
 ) -> None:

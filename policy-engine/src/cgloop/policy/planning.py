@@ -53,6 +53,26 @@ from cgloop.v1 import detection_pb2 as dpb
 from cgloop.v1 import node_agent_pb2 as na
 
 
+def starved_core(det: dpb.Detection) -> int | None:
+    """The core a function_overload says its instance was starved on: the detection's `core`
+    label when its evidence shows the worker stalled past the detector's threshold
+    (`stalled_ns` >= its threshold) with frames waiting. Another task holds that core, so no
+    instance of the function may be placed there. The samples cannot say so yet: the sample
+    the detection came from is the hog's first, and per-core load is an interval's average.
+    None otherwise, and for core 0, which the contract reads as "not pinned"."""
+    ev = {e.name: e for e in det.evidence}
+    stalled, waiting = ev.get("stalled_ns"), ev.get("rx_waiting")
+    if stalled is None or waiting is None or not (
+        stalled.threshold > 0 and stalled.value >= stalled.threshold and waiting.value > 0
+    ):
+        return None
+    try:
+        core = int(det.labels.get("core", ""))
+    except ValueError:
+        return None
+    return core if core > 0 else None
+
+
 class Skip(Exception):
     """Nothing to do (the session's node has its chain already)."""
 
@@ -145,6 +165,7 @@ class Planner:
         if load is None:
             raise PlanRefused("plan", f"no node samples of {node} yet: cannot size the scale-out")
         fn = s.functions[at[0]]
+        starved = starved_core(det)
         try:
             f = capacity.fit(
                 load,
@@ -152,6 +173,7 @@ class Planner:
                 margin=self.margin,
                 min_instances=plan.min_instances,
                 max_instances=self.max_instances,
+                taken=[starved] if starved is not None else (),
                 allowed=s.free_cores or None,
             )
         except capacity.NoCapacity as exc:
@@ -161,6 +183,8 @@ class Planner:
         return Planned(f"planned {how}: {f.describe()}")
 
     # --- LB / LC / LBLC placement of a new session's chain -----------------------------------
+
+
 
     def _place(self, plan: Plan, det: dpb.Detection, action: apb.Action) -> Planned:
         s = action.set_chain
