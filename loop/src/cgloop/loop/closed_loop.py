@@ -593,6 +593,8 @@ class ClosedLoop:
         trials = []
         for i, sc in enumerate(split_trials(self.scenario, self.options)):
             name = f"trial{i:02d}-{sc.faults[0].kind if sc.faults else SESSION_JOIN}"
+            if i:
+                self._restore_chains(i, say)
             runner = Runner(self.lab, sc, self.run_dir / name, on_event=say)
             report = runner.run()
             dead = self.services.check()
@@ -605,6 +607,19 @@ class ClosedLoop:
                         packets.append(session.packets("down"))
             trials.append(Trial(name, report, packets, trial_faults(sc, report)))
         return trials
+
+    def _restore_chains(self, trial: int, say) -> None:
+        """Each edge's gaming chain as the lab sets it up (`EdgePlan.chain`), before a trial:
+        a re-placement an earlier trial's fault led to is not carried into the next, so every
+        function-overload fault meets dpi on its own core (in the benchmark, the first fault's
+        re-placement had left the next two nothing to starve)."""
+        for p in self.plans:
+            try:
+                self._stub_call(p.node, lambda stub, p=p: apply_chain(
+                    stub, p, f"{self.run_id}-t{trial}"))
+            except grpc.RpcError as exc:
+                self.notes.add(f"{p.node}: restoring the gaming chain before trial {trial} was "
+                               f"refused: {exc.code().name} {exc.details()}", say)
 
     def agent_state(self, node: str | None = None) -> na.NodeState | None:
         """What a node agent (the first edge's unless named) has applied, or None."""
