@@ -343,8 +343,10 @@ def print_lever_targets(two: dict) -> None:
               f"{ratio(fn['lever_applied_ms'][99], TARGETS['function_applied_p99_ms'])}; "
               f"gaming p99 back under the SLO p99 {fmt(fn['recovered_ms'][99], 1)} ms, "
               f"{ratio(fn['recovered_ms'][99], TARGETS['function_recovered_p99_ms'])}; gaming "
-              f"packets lost during the fault (the chain swap): at most {fn['gaming_lost_max']} "
-              f"(target {TARGETS['chain_swap_lost_packets']})")
+              f"packets lost during the fault: at most {fn['gaming_lost_max']} (the starved "
+              f"dpi's ring overflowing before the re-placement and the swap together; the "
+              f"target, {TARGETS['chain_swap_lost_packets']} lost to a swap under traffic, is "
+              f"the swap's alone: tests/test_node_agent_scaleout.py)")
     if core:
         print(f"  core congestion: INT detection in {core['int_detected']}/{core['faults']}; "
               f"onset->queue over its threshold p50/p99 {fmt(core['int_fill_ms'][50], 1)}/"
