@@ -187,7 +187,8 @@ class Runner:
         # (its socket bound), so slow process start-up shifts neither the traffic nor the
         # faults; t0 is that instant.
         signal = self.run_dir / "start.ns"
-        signal.unlink(missing_ok=True)
+        for stale in (signal, *self.run_dir.glob("*.ready")):  # a reused folder's
+            stale.unlink(missing_ok=True)
         faults = [
             ActiveFault(self.lab, f, f"{f.kind}{i}", self.run_dir) for i, f in enumerate(sc.faults)
         ]

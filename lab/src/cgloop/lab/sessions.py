@@ -186,6 +186,7 @@ class MediaSession(Session):
     ) -> None:
         super().__init__(lab, ident, out_dir)
         self.profile, self.server, self.client, self.port = profile, server, client, port
+        self._waits = False  # started with a StartSignal: its generators say when ready
 
     def _peer(
         self,
@@ -232,7 +233,7 @@ class MediaSession(Session):
         self.started_ns = start_ns
 
     def ready_markers(self) -> list[Path]:
-        if not getattr(self, "_waits", False):
+        if not self._waits:
             return []
         return [p.parent / f"{p.name}.ready" for p in (self.downstream_path, self.upstream_path)]
 
