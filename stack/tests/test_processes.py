@@ -22,9 +22,13 @@ def test_stop_ends_the_process_and_its_children(tmp_path: Path) -> None:
     proc = ManagedProcess("tree", tmp_path)
     pid = proc.start(["sh", "-c", "sleep 300 & echo $! > child.pid; wait"], cwd=tmp_path)
     deadline = time.monotonic() + 5
-    while not (tmp_path / "child.pid").exists() and time.monotonic() < deadline:
+    # the shell creates the file before it writes the pid (CI once read it empty)
+    written = tmp_path / "child.pid"
+    while time.monotonic() < deadline and not (
+        written.exists() and written.read_text().strip()
+    ):
         time.sleep(0.05)
-    child = int((tmp_path / "child.pid").read_text())
+    child = int(written.read_text())
     assert proc.pid() == pid and _alive(child)
     assert proc.start(["sleep", "1"]) == pid  # already running: no second copy
     assert proc.stop(timeout_s=5)

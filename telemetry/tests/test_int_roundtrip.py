@@ -45,13 +45,22 @@ def describe(fmt: str, mode: str) -> dict:
     return json.loads(out.stdout)
 
 
-def start_collector(port: int, bootstrap: str, source: str) -> subprocess.Popen:
-    cmd = collector_command(f"127.0.0.1:{port}", bootstrap, 1, 6.0, [])
-    cmd += ["--source-id", source, "--hop-records", "--summary-interval", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()  # {"event": "listening", ...} once the sockets are bound
-    assert '"listening"' in line, line + proc.stderr.read()
-    return proc
+def start_collector(bootstrap: str, source: str) -> tuple[subprocess.Popen, int]:
+    """A collector on a free port, and the port. The port is free when chosen, but the
+    generators already running send from ephemeral UDP ports that may take it before the
+    collector binds (CI once met "Address already in use"): another port is tried then."""
+    for _ in range(5):
+        port = free_udp_port()
+        cmd = collector_command(f"127.0.0.1:{port}", bootstrap, 1, 6.0, [])
+        cmd += ["--source-id", source, "--hop-records", "--summary-interval", "1"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = proc.stderr.readline()  # {"event": "listening", ...} once the sockets are bound
+        if '"listening"' in line:
+            return proc, port
+        rest = proc.stderr.read()
+        proc.wait(10)
+        assert "Address already in use" in line + rest, line + rest
+    raise AssertionError("no free UDP port held long enough for the collector to bind")
 
 
 def consume(bootstrap: str, sources: set[str], want_stats: dict[str, int]) -> dict:
@@ -84,9 +93,8 @@ def test_generator_to_python_every_format(stack_settings) -> None:
     run_id = uuid.uuid4().hex[:8]
     runs = []
     for fmt, mode in FORMATS:
-        port = free_udp_port()
         source = f"int-rt-{run_id}-{fmt}-{mode}"
-        proc = start_collector(port, bootstrap, source)
+        proc, port = start_collector(bootstrap, source)
         gen = subprocess.Popen(
             [
                 *(str(collector_binary()), "gen", "--target", f"127.0.0.1:{port}"),
