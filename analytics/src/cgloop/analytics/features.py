@@ -285,7 +285,7 @@ def _symmetry(dn: _Dir, up: _Dir) -> list[float]:
     regularity of the upstream (a gap histogram in log2 buckets tells 4-16 ms input from 20 ms
     audio, not a poll clock from a pacer), and several SSRCs in one bundled flow (the probe
     tracks one); docs/analytics.md, "Non-circular negatives"."""
-    if not dn.packets or not up.packets:
+    if not dn.packets or not up.packets or not dn.bytes:  # no bytes: a malformed record
         return [0.0, 0.0]
     return [
         up.size_max / dn.size_max if dn.size_max else 0.0,
